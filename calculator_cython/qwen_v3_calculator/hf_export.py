@@ -1,0 +1,176 @@
+"""Write HuggingFace-format Qwen tokenizer files from the bundled vocabulary.
+
+``write_tokenizer_files`` produces ``vocab.json``, ``merges.txt``, ``tokenizer.json`` and
+``tokenizer_config.json`` for Qwen3 or Qwen2.5.  The first three are byte-identical to the official
+files (vocab.json and merges.txt are shared by Qwen2/2.5/3; tokenizer.json is checked against Qwen3's).
+The merge list is not stored: each token's merge is re-derived from the rank order (``derive_merges``).
+
+CLI: ``python -m qwen_v3_calculator.hf_export --flavor qwen3 --output DIR [--chat-template FILE]``.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from pathlib import Path
+
+from . import NUM_BASE_TOKENS, _core, bundled_ranks
+
+# Pre-tokenizer split regex of Qwen2/2.5/3 (digits one at a time).
+SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+_QWEN25_ADDED = (
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
+    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
+    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
+)
+# flavor -> ((content, special), ...) with ids NUM_BASE_TOKENS, NUM_BASE_TOKENS + 1, ...
+ADDED_TOKENS = {
+    "qwen2.5": _QWEN25_ADDED,
+    "qwen3": _QWEN25_ADDED + (("<tool_response>", False), ("</tool_response>", False),
+                              ("<think>", False), ("</think>", False)),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character mapping used by byte-level BPE files."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs, n = bs[:], 0
+    for b in range(256):  # the other 68 bytes map to U+0100 onwards
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def _to_unicode(token: bytes) -> str:
+    table = bytes_to_unicode()
+    return "".join(table[b] for b in token)
+
+
+def vocab_from_ranks(ranks: dict[bytes, int]) -> dict[str, int]:
+    """``{byte-level token string: id}`` in id order (the ``vocab.json`` / tokenizer.json vocab)."""
+    return {_to_unicode(tok): r for tok, r in sorted(ranks.items(), key=lambda kv: kv[1])}
+
+
+def derive_merges(ranks: dict[bytes, int]) -> list[tuple[str, str]]:
+    """Merge list in rank order: for every token of >= 2 bytes, the last pair BPE forms it from.
+
+    Merging the token's bytes with only lower ranks allowed must end in exactly two parts.
+    """
+    merges = []
+    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(tok) < 2:
+            continue
+        parts = _core.bpe_parts(tok, ranks, rank)
+        assert len(parts) == 2, f"token {tok!r} (rank {rank}) is not a merge of two lower-ranked tokens"
+        merges.append((_to_unicode(parts[0]), _to_unicode(parts[1])))
+    return merges
+
+
+def _added_tokens(flavor: str) -> list[tuple[int, str, bool]]:
+    if flavor not in ADDED_TOKENS:
+        raise ValueError(f"unknown flavor {flavor!r}; expected one of {sorted(ADDED_TOKENS)}")
+    return [(NUM_BASE_TOKENS + i, c, s) for i, (c, s) in enumerate(ADDED_TOKENS[flavor])]
+
+
+def _tokenizer_json(vocab, merges, added) -> dict:
+    """The ``tokenizers`` save format (keys in its serialization order)."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": s} for i, c, s in added],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": SPLIT_PATTERN}, "behavior": "Isolated", "invert": False},
+            byte_level]},
+        "post_processor": byte_level,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": False, "vocab": vocab, "merges": [list(m) for m in merges]},
+    }
+
+
+def _tokenizer_config(added, chat_template: str) -> dict:
+    """``tokenizer_config.json`` as transformers saves it for the official models."""
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": s} for i, c, s in added},
+        "additional_special_tokens": [c for _, c, s in added if s and c != "<|endoftext|>"],
+        "bos_token": None,
+        "chat_template": chat_template,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+def _official_template(flavor: str) -> str:
+    try:
+        from qwen_vllm_ext import assets
+    except ImportError as exc:
+        raise RuntimeError(f"no chat_template given and qwen_vllm_ext (which fetches the official {flavor} "
+                           "template) is not installed; pass chat_template=") from exc
+    return assets.chat_template(flavor)
+
+
+def write_tokenizer_files(out_dir, flavor: str = "qwen3", chat_template: str | None = None) -> list[Path]:
+    """Write vocab.json, merges.txt, tokenizer.json, tokenizer_config.json into ``out_dir``.
+
+    ``chat_template`` defaults to the official template of ``flavor`` (via ``qwen_vllm_ext.assets``).
+    Returns the written paths.
+    """
+    added = _added_tokens(flavor)
+    if chat_template is None:
+        chat_template = _official_template(flavor)
+    ranks = bundled_ranks()
+    vocab, merges = vocab_from_ranks(ranks), derive_merges(ranks)
+    contents = {
+        "vocab.json": json.dumps(vocab, ensure_ascii=False, separators=(",", ":")),
+        "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
+        "tokenizer.json": json.dumps(_tokenizer_json(vocab, merges, added), ensure_ascii=False, indent=2),
+        "tokenizer_config.json": json.dumps(_tokenizer_config(added, chat_template), ensure_ascii=False,
+                                            indent=2, sort_keys=True) + "\n",
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in contents.items():
+        path = out / name
+        path.write_bytes(text.encode("utf-8"))
+        paths.append(path)
+    return paths
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m qwen_v3_calculator.hf_export", description=__doc__.split("\n")[0])
+    ap.add_argument("--flavor", choices=sorted(ADDED_TOKENS), default="qwen3")
+    ap.add_argument("--output", required=True, help="directory to write the tokenizer files into")
+    ap.add_argument("--chat-template", help="Jinja chat template file (default: the official one)")
+    args = ap.parse_args(argv)
+    template = Path(args.chat_template).read_text(encoding="utf-8") if args.chat_template else None
+    for path in write_tokenizer_files(args.output, args.flavor, template):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

