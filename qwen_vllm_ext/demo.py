@@ -18,7 +18,7 @@ from pathlib import Path
 from .assets import cache_home
 
 DEMO_NAME = "qwen3-tiny-demo"
-DEMO_REVISION = 1  # bump when the files below change: a new cache entry is built
+DEMO_REVISION = 2  # bump when the files below change: a new cache entry is built
 SERVED_NAME = "qwen3-demo"
 
 CONFIG = {
@@ -43,6 +43,8 @@ CONFIG = {
     "bos_token_id": 151643,
     "eos_token_id": 151645,
     "initializer_range": 0.02,
+    # Written by real Qwen3 checkpoints; without it transformers 5 suspects a Mistral tokenizer and warns.
+    "transformers_version": "4.51.0",
 }
 GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 

@@ -30,7 +30,7 @@ def test_files_match_official(qwen3_dir, name):
 
 
 def test_qwen25_added_tokens_and_official_template(tmp_path):
-    assets = pytest.importorskip("qwen_vllm_ext.assets")
+    from qwen_vllm_ext import assets
     paths = hf_export.write_tokenizer_files(tmp_path, "qwen2.5")  # default: the official template
     assert sorted(p.name for p in paths) == ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
     added = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
@@ -52,9 +52,9 @@ def test_chat_template_in_config(qwen3_dir):
 
 
 def test_same_encoding_as_transformers_and_tiktoken(qwen3_dir):
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
-    tiktoken = pytest.importorskip("tiktoken")
+    import tokenizers
+    import transformers
+    import tiktoken
     hf_ids = tokenizers.Tokenizer.from_file(str(qwen3_dir / "tokenizer.json")).encode(SAMPLE).ids
     auto = transformers.AutoTokenizer.from_pretrained(str(qwen3_dir))
     assert auto.encode(SAMPLE, add_special_tokens=True) == hf_ids
@@ -67,7 +67,7 @@ def test_same_encoding_as_transformers_and_tiktoken(qwen3_dir):
 
 
 def test_chatml_encoding(qwen3_dir):
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers
     tok = tokenizers.Tokenizer.from_file(str(qwen3_dir / "tokenizer.json"))
     assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids == [151644, 872, 198, 6023, 151645]
 

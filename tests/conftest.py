@@ -1,0 +1,28 @@
+"""Shared test helpers."""
+import os
+import stat
+
+import pytest
+
+NVIDIA_SMI_LINES = {
+    "a100-80gb": "0, NVIDIA A100-SXM4-80GB, 81920, [N/A]",
+    "a100-40gb": "0, NVIDIA A100-SXM4-40GB, 40960, [N/A]",
+    "a100-mig": "0, NVIDIA A100-SXM4-80GB, 81920, Enabled",
+    "h100-80gb": "0, NVIDIA H100 80GB HBM3, 81559, Disabled",
+    "h200-141gb": "0, NVIDIA H200, 143771, Disabled",
+    "l4": "0, NVIDIA L4, 23034, [N/A]",
+}
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path):
+    """Factory: write an executable that prints the given nvidia-smi CSV lines; returns its path."""
+
+    def make(*lines: str, exit_code: int = 0) -> str:
+        path = tmp_path / "nvidia-smi"
+        body = "".join(f"echo '{line}'\n" for line in lines)
+        path.write_text(f"#!/bin/sh\n{body}exit {exit_code}\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+        return str(path)
+
+    return make

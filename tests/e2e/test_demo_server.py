@@ -1,0 +1,49 @@
+"""E2E: the launcher serves the demo model through real vLLM; the extension is active in every process."""
+import json
+import urllib.request
+
+from qwen_vllm_ext import __version__
+from qwen_vllm_ext.demo import SERVED_NAME
+
+
+def test_models_lists_the_demo_model(openai_client):
+    assert [m.id for m in openai_client.models.list().data] == [SERVED_NAME]
+
+
+def test_chat_completion(openai_client):
+    resp = openai_client.chat.completions.create(
+        model=SERVED_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True})
+    assert resp.choices[0].finish_reason == "length"
+    # Qwen3 ChatML: <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n  = 9 tokens
+    assert resp.usage.prompt_tokens == 9
+    assert resp.usage.completion_tokens == 8 and resp.choices[0].message.content
+
+
+def test_streamed_chat_completion(openai_client):
+    stream = openai_client.chat.completions.create(
+        model=SERVED_NAME, messages=[{"role": "user", "content": "Count to five."}], max_tokens=6,
+        temperature=0, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finals = [c for c in chunks if not c.choices]
+    assert len(chunks) >= 3 and text
+    assert len(finals) == 1 and finals[0].usage.completion_tokens == 6
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert finals[0].usage.total_tokens == finals[0].usage.prompt_tokens + 6
+
+
+def test_completion(openai_client):
+    resp = openai_client.completions.create(model=SERVED_NAME, prompt="hello world", max_tokens=5, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    assert resp.usage.prompt_tokens == 2  # 'hello' ' world'; Qwen adds no BOS
+    assert resp.choices[0].text and resp.usage.completion_tokens == 5
+
+
+def test_extension_health_reports_plugin_in_api_server_and_engine_core(demo_server):
+    with urllib.request.urlopen(demo_server.base_url + "/qwen_ext/health", timeout=10) as r:
+        health = json.load(r)
+    assert health["version"] == __version__ and health["vllm_version"].startswith("0.32")
+    assert health["patching"] is True
+    assert {"api_server", "engine_core"} <= set(health["plugin_loaded_in"])
+    assert all(p["extension_version"] == __version__ for p in health["processes"])

@@ -1,0 +1,88 @@
+"""The launcher against vLLM's real argument parser (vLLM installed; no server started)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from qwen_vllm_ext import serve
+from qwen_vllm_ext.hardware import parse_nvidia_smi
+from qwen_vllm_ext.profiles import ProfileError, load_profile, profile_names
+
+from ..conftest import NVIDIA_SMI_LINES
+
+GPU_FOR = {"a100-80gb": "a100-80gb", "h100-80gb": "h100-80gb", "h200-141gb": "h200-141gb", "cpu": None}
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_every_profile_is_accepted_by_vllm_parser(name):
+    gpus = parse_nvidia_smi(NVIDIA_SMI_LINES[GPU_FOR[name]]) if GPU_FOR[name] else []
+    args, final, env, profile, settings = serve.resolve(["--model", "Qwen/Qwen3-8B"], environ={}, gpus=gpus)
+    assert profile.name == name
+    for flag, value in load_profile(name).vllm.items():
+        assert getattr(args, flag.replace("-", "_")) == value, flag
+    assert env["VLLM_PLUGINS"].split(",")[-1] == "qwen_vllm_ext"
+    assert settings.enabled
+
+
+def test_user_flags_override_profile_including_aliases():
+    gpus = parse_nvidia_smi(NVIDIA_SMI_LINES["a100-80gb"])
+    args, final, *_ = serve.resolve(
+        ["--model", "Qwen/Qwen3-8B", "--max-model-len", "4096", "-tp", "2", "--no-enable-prefix-caching",
+         "--max_num_seqs=64"], environ={}, gpus=gpus)
+    assert (args.max_model_len, args.tensor_parallel_size, args.enable_prefix_caching, args.max_num_seqs) == (4096, 2, False, 64)
+    assert "32768" not in final and "--tensor-parallel-size" not in final and "--enable-prefix-caching" not in final
+    assert args.max_num_batched_tokens == 8192  # untouched profile flags stay
+
+
+def test_plugin_allowlist_keeps_vllms_own_plugins():
+    names = serve.plugin_allowlist(None).split(",")
+    assert "qwen_vllm_ext" in names and "lora_filesystem_resolver" in names
+    assert serve.plugin_allowlist("mine") == "mine,qwen_vllm_ext"
+    assert serve.plugin_allowlist("qwen_vllm_ext,x") == "qwen_vllm_ext,x"
+
+
+def test_extension_settings_flags_and_additional_config():
+    args, final, env, profile, settings = serve.resolve(
+        ["--qwen-data-dir", "/cli", "--additional-config", '{"qwen_vllm_ext": {"enabled": false}}'],
+        environ={"QWEN_VLLM_EXT_DATA_DIR": "/env"}, gpus=[])
+    assert settings.data_dir == "/cli" and settings.enabled is False
+
+
+def test_refusals():
+    with pytest.raises(serve.LaunchError, match="no model given"):
+        serve.resolve([], environ={}, gpus=parse_nvidia_smi(NVIDIA_SMI_LINES["a100-80gb"]))
+    with pytest.raises(serve.LaunchError, match="model path '/nonexistent/Qwen3-8B' does not exist"):
+        serve.resolve(["--model", "/nonexistent/Qwen3-8B"], environ={}, gpus=[])
+    with pytest.raises(ProfileError, match="MIG"):
+        serve.resolve(["--model", "Qwen/Qwen3-8B"], environ={}, gpus=parse_nvidia_smi(NVIDIA_SMI_LINES["a100-mig"]))
+
+
+def cli(*argv, env_extra=None):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "qwen_vllm_ext.serve", *argv], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_print_command_a100_without_gpu(tmp_path):
+    proc = cli("--profile", "a100-80gb", "--model", "Qwen/Qwen3-8B", "--print-command",
+               env_extra={"QWEN_VLLM_EXT_NVIDIA_SMI": str(tmp_path / "none")})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for line in ("--max-model-len 32768", "--max-num-seqs 256", "--max-num-batched-tokens 8192", "--block-size 16",
+                 "--enable-chunked-prefill", "--enable-prefix-caching", "--tensor-parallel-size 1",
+                 "--pipeline-parallel-size 1", "--model Qwen/Qwen3-8B"):
+        assert line in lines
+    assert any(line.startswith("# env VLLM_PLUGINS=") and "qwen_vllm_ext" in line for line in lines)
+
+
+def test_cli_errors_are_clear(fake_nvidia_smi):
+    proc = cli("--profile", "nope", "--print-command")
+    assert proc.returncode == 2 and "unknown profile 'nope'; known profiles: a100-80gb, cpu" in proc.stderr
+    smi = fake_nvidia_smi(NVIDIA_SMI_LINES["a100-mig"])
+    proc = cli("--model", "Qwen/Qwen3-8B", "--print-command", env_extra={"QWEN_VLLM_EXT_NVIDIA_SMI": smi})
+    assert proc.returncode == 2 and "MIG enabled" in proc.stderr
+    proc = cli("--profile", "a100-80gb", "--model", "Qwen/Qwen3-8B", env_extra={"QWEN_VLLM_EXT_NVIDIA_SMI": "/none"})
+    assert proc.returncode == 2 and "needs an NVIDIA GPU" in proc.stderr
+    proc = cli("--list-profiles")
+    assert proc.returncode == 0 and "a100-80gb" in proc.stdout and "A100 >= 79 GiB" in proc.stdout

@@ -1,0 +1,73 @@
+"""Settings precedence and the vLLM version guard (pure Python)."""
+import json
+
+import pytest
+
+from qwen_vllm_ext._vllm import unsupported_message, version_supported
+from qwen_vllm_ext.config import RESOLVED_ENV, Settings, SettingsError
+from qwen_vllm_ext.plugin import patch_decision
+
+
+def test_defaults_serve_most_users(monkeypatch):
+    monkeypatch.setenv("QWEN_VLLM_EXT_HOME", "/srv/qve")
+    s = Settings.resolve(env={})
+    assert s.enabled is True and s.allow_unsupported_vllm is False
+    assert s.data_dir == "/srv/qve/data"
+
+
+def test_precedence_defaults_profile_env_additional_config_cli():
+    base = {"data_dir": "/profile"}
+    assert Settings.resolve(env={}, base=base).data_dir == "/profile"
+    env = {"QWEN_VLLM_EXT_DATA_DIR": "/env", "QWEN_VLLM_EXT_ENABLED": "off"}
+    assert Settings.resolve(env=env, base=base).data_dir == "/env"
+    extra = {"qwen_vllm_ext": {"data_dir": "/extra"}, "other_plugin": {"x": 1}}
+    s = Settings.resolve(env=env, additional_config=extra, base=base)
+    assert s.data_dir == "/extra" and s.enabled is False
+    s = Settings.resolve(env=env, additional_config=extra, cli={"data_dir": "/cli", "enabled": None}, base=base)
+    assert s.data_dir == "/cli" and s.enabled is False  # None = flag not given
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(SettingsError, match="unknown setting 'bogus'; known settings: enabled, data_dir"):
+        Settings.resolve(env={}, cli={"bogus": 1})
+    with pytest.raises(SettingsError, match="'enabled' expects true/false, got 'maybe'"):
+        Settings.resolve(env={"QWEN_VLLM_EXT_ENABLED": "maybe"})
+    with pytest.raises(SettingsError, match="must be a JSON object"):
+        Settings.resolve(env={}, additional_config={"qwen_vllm_ext": "on"})
+
+
+def test_export_reaches_child_processes(monkeypatch):
+    monkeypatch.delenv(RESOLVED_ENV, raising=False)
+    monkeypatch.setenv("QWEN_VLLM_EXT_DATA_DIR", "/from-env")
+    s = Settings.resolve(env={}, cli={"data_dir": "/resolved", "allow_unsupported_vllm": True})
+    environ = {}
+    s.export(environ)
+    assert json.loads(environ[RESOLVED_ENV])["data_dir"] == "/resolved"
+    monkeypatch.setenv(RESOLVED_ENV, environ[RESOLVED_ENV])
+    assert Settings.current() == s  # the resolved blob wins over loose env vars
+
+
+@pytest.mark.parametrize("version,ok", [
+    ("0.32.0", True), ("0.32.1+cpu", True), ("0.33.0rc1", True), ("0.31.9", False), ("0.34.0", False),
+    ("1.0.0", False), ("dev", False),
+])
+def test_version_guard(version, ok):
+    assert version_supported(version) is ok
+
+
+def test_patch_decision_refuses_unknown_vllm_unless_overridden():
+    allowed, reason = patch_decision(Settings(), "0.34.0")
+    assert not allowed and reason == unsupported_message("0.34.0")
+    assert "supported: 0.32.x, 0.33.x" in reason and "QWEN_VLLM_EXT_ALLOW_UNSUPPORTED_VLLM=1" in reason
+    allowed, reason = patch_decision(Settings(allow_unsupported_vllm=True), "0.34.0")
+    assert allowed and "patching anyway" in reason
+    assert patch_decision(Settings(), "0.32.0") == (True, "vLLM 0.32.0 is supported")
+    assert patch_decision(Settings(enabled=False), "0.32.0")[0] is False
+
+
+def test_readme_documents_every_setting():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in Settings.field_names():
+        assert f"| `{name}` |" in readme, f"setting {name} missing from the README settings reference"

@@ -1,0 +1,88 @@
+"""GPU detection (fake nvidia-smi) and profile selection/refusals: pure Python, no vLLM."""
+import pytest
+
+from qwen_vllm_ext.hardware import GPU, detect_gpus, parse_nvidia_smi
+from qwen_vllm_ext.profiles import ProfileError, check_hardware, load_profile, profile_names, select_profile
+
+from ..conftest import NVIDIA_SMI_LINES
+
+
+def gpus_for(kind):
+    return parse_nvidia_smi(NVIDIA_SMI_LINES[kind])
+
+
+def test_parse_nvidia_smi_fields_and_mig():
+    gpus = parse_nvidia_smi(NVIDIA_SMI_LINES["a100-80gb"] + "\n" + NVIDIA_SMI_LINES["a100-mig"].replace("0,", "1,", 1) + "\n")
+    assert gpus == [GPU(0, "NVIDIA A100-SXM4-80GB", 81920, False), GPU(1, "NVIDIA A100-SXM4-80GB", 81920, True)]
+    assert gpus[0].memory_gib == 80.0
+    with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
+        parse_nvidia_smi("garbage")
+
+
+def test_detect_gpus_runs_the_configured_binary(fake_nvidia_smi):
+    smi = fake_nvidia_smi(NVIDIA_SMI_LINES["h100-80gb"], NVIDIA_SMI_LINES["h200-141gb"].replace("0,", "1,", 1))
+    assert [g.name for g in detect_gpus({"QWEN_VLLM_EXT_NVIDIA_SMI": smi})] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    # CUDA_VISIBLE_DEVICES narrows what vLLM will see
+    assert [g.index for g in detect_gpus({"QWEN_VLLM_EXT_NVIDIA_SMI": smi, "CUDA_VISIBLE_DEVICES": "1"})] == [1]
+
+
+def test_detect_gpus_without_driver(fake_nvidia_smi, tmp_path):
+    assert detect_gpus({"QWEN_VLLM_EXT_NVIDIA_SMI": fake_nvidia_smi(exit_code=9)}) == []  # driver error
+    assert detect_gpus({"QWEN_VLLM_EXT_NVIDIA_SMI": str(tmp_path / "missing")}) == []
+
+
+@pytest.mark.parametrize("kind,expected", [("a100-80gb", "a100-80gb"), ("h100-80gb", "h100-80gb"), ("h200-141gb", "h200-141gb")])
+def test_auto_selection_by_gpu_name_and_memory(kind, expected):
+    profile = select_profile(gpus_for(kind))
+    assert profile.name == expected
+    check_hardware(profile, gpus_for(kind))  # does not raise
+
+
+def test_no_gpu_selects_cpu_profile():
+    assert select_profile([]).name == "cpu"
+    check_hardware(load_profile("cpu"), [])
+
+
+def test_mig_is_refused():
+    gpus = gpus_for("a100-mig")
+    with pytest.raises(ProfileError, match="MIG enabled.*40%"):
+        check_hardware(select_profile(gpus), gpus)
+
+
+def test_small_gpu_memory_is_refused():
+    gpus = gpus_for("a100-40gb")
+    profile = select_profile(gpus)
+    assert profile.name == "a100-80gb"
+    with pytest.raises(ProfileError, match=r"40.0 GiB; profile 'a100-80gb' needs 79 GiB"):
+        check_hardware(profile, gpus)
+    with pytest.raises(ProfileError, match="needs 139 GiB"):
+        check_hardware(load_profile("h200-141gb"), gpus_for("h100-80gb"))
+
+
+def test_unknown_gpu_and_unknown_profile_list_the_known_ones():
+    with pytest.raises(ProfileError, match="no profile is made for GPU 'NVIDIA L4'.*a100-80gb, cpu, h100-80gb, h200-141gb"):
+        select_profile(gpus_for("l4"))
+    with pytest.raises(ProfileError, match="unknown profile 'a100'; known profiles: a100-80gb, cpu, h100-80gb, h200-141gb"):
+        select_profile([], "a100")
+
+
+def test_gpu_profile_without_gpu_is_refused():
+    with pytest.raises(ProfileError, match="needs an NVIDIA GPU"):
+        check_hardware(load_profile("a100-80gb"), [])
+
+
+def test_profiles_are_complete_data_files():
+    assert profile_names() == ["a100-80gb", "cpu", "h100-80gb", "h200-141gb"]
+    a100 = load_profile("a100-80gb")
+    assert a100.vllm == {
+        "max-model-len": 32768, "max-num-seqs": 256, "max-num-batched-tokens": 8192, "block-size": 16,
+        "enable-chunked-prefill": True, "enable-prefix-caching": True,
+        "tensor-parallel-size": 1, "pipeline-parallel-size": 1,
+    }
+    # flags from the report that are invalid or harmful today are NOT passed
+    for name in profile_names():
+        flags = load_profile(name).vllm
+        assert "kv-cache-dtype" not in flags and "disable-log-requests" not in flags
+        if load_profile(name).device == "cuda":
+            assert "enforce-eager" not in flags
+            assert load_profile(name).description and load_profile(name).min_gpu_memory_gib > 0
