@@ -90,3 +90,1130 @@ def bpe_parts(bytes piece, dict ranks, long max_rank=-1):
 def bpe_encode(bytes piece, dict ranks):
     """Token ids of one pre-tokenized piece (every single byte is in a byte-level vocabulary)."""
     return [ranks[p] for p in bpe_parts(piece, ranks)]
+
+
+# =====================================================================================================
+# Exact tokenizer engine (HF ``tokenizers`` semantics, see tokenizer.py for the pipeline).
+# =====================================================================================================
+from libc.stdlib cimport calloc, realloc
+from libc.string cimport memcpy, memcmp, memset, memmove
+from libc.stdint cimport uint8_t, uint32_t, int32_t, uint64_t, int64_t, INT32_MAX, UINT64_MAX
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
+    object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
+    bint PyUnicode_Check(object o)
+
+DEF MAXCP = 0x110000
+DEF F_L = 1
+DEF F_N = 2
+DEF F_M = 4
+DEF F_WS = 8
+DEF F_UNSAFE = 16      # not NFC_QC=Yes, or ccc != 0
+DEF F_CRLF = 32
+DEF SHORT_BPE = 24     # pieces up to this many bytes use the array merge loop, longer ones a heap
+DEF CACHE_BITS = 15
+DEF CACHE_KEY = 24
+DEF CACHE_IDS = 12
+DEF SBASE = 0xAC00
+DEF LBASE = 0x1100
+DEF VBASE = 0x1161
+DEF TBASE = 0x11A7
+DEF LCOUNT = 19
+DEF VCOUNT = 21
+DEF TCOUNT = 28
+DEF NCOUNT = 588
+DEF SCOUNT = 11172
+
+# ---------------------------------------------------------------- Unicode tables (module globals)
+cdef uint8_t* CLS = NULL        # F_* flags per code point
+cdef uint8_t* CCC = NULL        # canonical combining class per code point (reference's NFC data)
+cdef uint8_t CI_LETTER[0x180]   # case-insensitive contraction letter ('s','t',...) or 0, cp < 0x180
+cdef uint32_t* DEC_CP = NULL    # sorted code points with a canonical decomposition (non-Hangul)
+cdef int32_t* DEC_OFF = NULL    # offsets into DEC_DATA (n+1 entries)
+cdef uint32_t* DEC_DATA = NULL
+cdef Py_ssize_t NDEC = 0
+cdef uint64_t* COMP_KEY = NULL  # sorted (first << 21 | second)
+cdef uint32_t* COMP_VAL = NULL
+cdef Py_ssize_t NCOMP = 0
+_tables_ready = False
+
+
+def init_unicode_tables(dict data):
+    """Load the generated tables (``data/unicode_tables.json``) into C arrays; idempotent."""
+    global CLS, CCC, DEC_CP, DEC_OFF, DEC_DATA, NDEC, COMP_KEY, COMP_VAL, NCOMP, _tables_ready
+    if _tables_ready:
+        return
+    cdef uint8_t* cls = <uint8_t*> calloc(MAXCP, 1)
+    cdef uint8_t* ccc = <uint8_t*> calloc(MAXCP, 1)
+    if cls == NULL or ccc == NULL:
+        raise MemoryError()
+    cdef Py_ssize_t a, b, c, i, k
+    for name, flag in (("L", F_L), ("N", F_N), ("M", F_M), ("WS", F_WS)):
+        for a, b in data[name]:
+            for c in range(a, b + 1):
+                cls[c] |= flag
+    cls[10] |= F_CRLF
+    cls[13] |= F_CRLF
+    memset(CI_LETTER, 0, sizeof(CI_LETTER))
+    for letter, cps in data["CI"].items():
+        for c in cps:
+            if c >= 0x180:
+                raise ValueError(f"case-insensitive match U+{c:04X} outside the supported range")
+            CI_LETTER[c] = ord(letter)
+    for a, b, v in data["ccc"]:
+        for c in range(a, b + 1):
+            ccc[c] = v
+            cls[c] |= F_UNSAFE
+    dec = data["decomp"]
+    comp = data["comp"]
+    NDEC = len(dec)
+    DEC_CP = <uint32_t*> malloc(max(NDEC, 1) * sizeof(uint32_t))
+    DEC_OFF = <int32_t*> malloc((NDEC + 1) * sizeof(int32_t))
+    total = sum(len(d) for _, d in dec)
+    DEC_DATA = <uint32_t*> malloc(max(total, 1) * sizeof(uint32_t))
+    k = 0
+    for i in range(NDEC):
+        DEC_CP[i] = dec[i][0]
+        DEC_OFF[i] = k
+        for c in dec[i][1]:
+            DEC_DATA[k] = c
+            k += 1
+    DEC_OFF[NDEC] = k
+    NCOMP = len(comp)
+    COMP_KEY = <uint64_t*> malloc(max(NCOMP, 1) * sizeof(uint64_t))
+    COMP_VAL = <uint32_t*> malloc(max(NCOMP, 1) * sizeof(uint32_t))
+    composites = set()
+    for i, (a, b, c) in enumerate(sorted(comp)):
+        COMP_KEY[i] = (<uint64_t> a << 21) | <uint64_t> b
+        COMP_VAL[i] = c
+        composites.add(c)
+        cls[b] |= F_UNSAFE           # NFC_QC=Maybe: may combine with what precedes it
+    for i in range(NDEC):            # NFC_QC=No: decomposes and does not recompose to itself
+        if DEC_CP[i] not in composites:
+            cls[DEC_CP[i]] |= F_UNSAFE
+    for c in range(VBASE, VBASE + VCOUNT):
+        cls[c] |= F_UNSAFE
+    for c in range(TBASE + 1, TBASE + TCOUNT):
+        cls[c] |= F_UNSAFE
+    CLS = cls
+    CCC = ccc
+    _tables_ready = True
+
+
+cdef inline uint32_t _dec(const uint8_t* s, Py_ssize_t i, int* ln) noexcept nogil:
+    """Decode the (valid) UTF-8 code point at s[i]."""
+    cdef uint8_t b = s[i]
+    if b < 0x80:
+        ln[0] = 1
+        return b
+    if b < 0xE0:
+        ln[0] = 2
+        return ((b & 0x1F) << 6) | (s[i + 1] & 0x3F)
+    if b < 0xF0:
+        ln[0] = 3
+        return ((b & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F)
+    ln[0] = 4
+    return ((b & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F)
+
+
+cdef inline int _put_utf8(uint8_t* o, uint32_t c) noexcept nogil:
+    if c < 0x80:
+        o[0] = c
+        return 1
+    if c < 0x800:
+        o[0] = 0xC0 | (c >> 6)
+        o[1] = 0x80 | (c & 0x3F)
+        return 2
+    if c < 0x10000:
+        o[0] = 0xE0 | (c >> 12)
+        o[1] = 0x80 | ((c >> 6) & 0x3F)
+        o[2] = 0x80 | (c & 0x3F)
+        return 3
+    o[0] = 0xF0 | (c >> 18)
+    o[1] = 0x80 | ((c >> 12) & 0x3F)
+    o[2] = 0x80 | ((c >> 6) & 0x3F)
+    o[3] = 0x80 | (c & 0x3F)
+    return 4
+
+
+cdef inline Py_ssize_t _find_dec(uint32_t c) noexcept nogil:
+    cdef Py_ssize_t lo = 0, hi = NDEC - 1, mid
+    while lo <= hi:
+        mid = (lo + hi) >> 1
+        if DEC_CP[mid] == c:
+            return mid
+        if DEC_CP[mid] < c:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return -1
+
+
+cdef inline int64_t _compose(uint32_t a, uint32_t b) noexcept nogil:
+    cdef uint64_t key
+    cdef Py_ssize_t lo, hi, mid
+    if LBASE <= a < LBASE + LCOUNT and VBASE <= b < VBASE + VCOUNT:
+        return SBASE + ((a - LBASE) * VCOUNT + (b - VBASE)) * TCOUNT
+    if SBASE <= a < SBASE + SCOUNT and (a - SBASE) % TCOUNT == 0 and TBASE < b < TBASE + TCOUNT:
+        return a + (b - TBASE)
+    key = (<uint64_t> a << 21) | b
+    lo = 0
+    hi = NCOMP - 1
+    while lo <= hi:
+        mid = (lo + hi) >> 1
+        if COMP_KEY[mid] == key:
+            return COMP_VAL[mid]
+        if COMP_KEY[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return -1
+
+
+cdef inline bint _needs_nfc(const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i = 0
+    cdef int ln
+    cdef uint32_t c
+    while i < n:
+        if s[i] < 0xCC:      # ASCII, continuation bytes, and lead bytes of U+0080..U+02FF (all NFC-safe)
+            i += 1
+            continue
+        c = _dec(s, i, &ln)
+        if CLS[c] & F_UNSAFE:
+            return True
+        i += ln
+    return False
+
+
+# ---------------------------------------------------------------- C data structures of the engine
+ctypedef struct PairEnt:
+    uint64_t key          # left << 32 | right; UINT64_MAX = empty
+    int32_t rank
+    int32_t new_id
+
+ctypedef struct CacheEnt:
+    uint64_t h
+    uint8_t klen          # 0 = empty
+    uint8_t nids
+    uint8_t key[CACHE_KEY]
+    int32_t ids[CACHE_IDS]
+
+
+cdef inline uint64_t _hbytes(const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    cdef uint64_t h = 0x9E3779B97F4A7C15ULL ^ (<uint64_t> n * 0xFF51AFD7ED558CCDULL)
+    cdef uint64_t w
+    while n >= 8:
+        memcpy(&w, p, 8)
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL
+        h ^= h >> 31
+        p += 8
+        n -= 8
+    if n > 0:
+        w = 0
+        memcpy(&w, p, n)
+        h = (h ^ w) * 0x94D049BB133111EBULL
+        h ^= h >> 29
+    h *= 0xBF58476D1CE4E5B9ULL
+    h ^= h >> 32
+    return h
+
+
+cdef inline uint64_t _hpair(uint64_t key) noexcept nogil:
+    key *= 0x9E3779B97F4A7C15ULL
+    return key ^ (key >> 29)
+
+
+cdef class Engine:
+    """C core: vocabulary, merge table, added-token matcher, NFC, split scanner and BPE."""
+    cdef int32_t ntok
+    cdef uint8_t* arena
+    cdef int64_t* tok_off
+    cdef int32_t* tok_len
+    cdef uint8_t* selfok          # BPE of the token's own bytes gives the token (whole-piece shortcut)
+    cdef int32_t* vtab            # open addressing: bytes -> id (-1 empty)
+    cdef uint64_t vmask
+    cdef PairEnt* ptab
+    cdef uint64_t pmask
+    cdef int32_t byte_id[256]
+    cdef CacheEnt* cache
+    cdef public int rule          # 0 = qwen2, 1 = qwen35
+    cdef public bint nfc          # NFC-normalize segments (tokenizer.json normalizer NFC vs none)
+    cdef bint owns                # False for clones: vocabulary tables belong to `owner`
+    cdef object owner
+    # added tokens, sorted by length (longest first)
+    cdef uint8_t add_first[256]
+    cdef int nadd
+    cdef uint8_t* add_arena
+    cdef int64_t* add_off
+    cdef int32_t* add_len
+    cdef int32_t* add_id
+    # output / scratch
+    cdef int32_t* out
+    cdef Py_ssize_t nout, outcap
+    cdef bint counting
+    cdef int64_t counted
+    cdef uint32_t* ubuf
+    cdef Py_ssize_t ucap
+    cdef uint8_t* nbuf
+    cdef Py_ssize_t ncap
+    cdef int32_t* hsym            # scratch of the heap merge loop (4 * hcap int32 + 3 * hcap uint64)
+    cdef uint64_t* hheap
+    cdef Py_ssize_t hcap
+
+    def __cinit__(self):
+        self.ntok = 0
+        self.arena = NULL
+        self.tok_off = NULL
+        self.tok_len = NULL
+        self.selfok = NULL
+        self.vtab = NULL
+        self.ptab = NULL
+        self.cache = NULL
+        self.nadd = 0
+        self.add_arena = NULL
+        self.add_off = NULL
+        self.add_len = NULL
+        self.add_id = NULL
+        self.out = NULL
+        self.nout = 0
+        self.outcap = 0
+        self.ubuf = NULL
+        self.ucap = 0
+        self.nbuf = NULL
+        self.ncap = 0
+        self.hsym = NULL
+        self.hheap = NULL
+        self.hcap = 0
+        self.rule = 0
+        self.nfc = True
+        self.owns = True
+        self.owner = None
+        memset(self.add_first, 0, 256)
+
+    def __dealloc__(self):
+        if self.owns:
+            free(self.arena); free(self.tok_off); free(self.tok_len); free(self.selfok); free(self.vtab)
+            free(self.ptab)
+        free(self.cache); free(self.add_arena); free(self.add_off); free(self.add_len)
+        free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf)
+        free(self.hsym); free(self.hheap)
+
+    # ------------------------------------------------------------ construction
+    cdef int _alloc_vocab(self, Py_ssize_t ntok, Py_ssize_t nbytes) except -1:
+        self.ntok = ntok
+        self.arena = <uint8_t*> malloc(max(nbytes, 1))
+        self.tok_off = <int64_t*> malloc((ntok + 1) * sizeof(int64_t))
+        self.tok_len = <int32_t*> calloc(ntok + 1, sizeof(int32_t))
+        self.selfok = <uint8_t*> calloc(ntok + 1, 1)
+        cdef uint64_t cap = 1024
+        while cap < <uint64_t> ntok * 2:
+            cap <<= 1
+        self.vmask = cap - 1
+        self.vtab = <int32_t*> malloc(cap * sizeof(int32_t))
+        self.cache = <CacheEnt*> calloc(1 << CACHE_BITS, sizeof(CacheEnt))
+        if (self.arena == NULL or self.tok_off == NULL or self.tok_len == NULL or self.selfok == NULL
+                or self.vtab == NULL or self.cache == NULL):
+            raise MemoryError()
+        memset(self.vtab, 0xFF, cap * sizeof(int32_t))
+        return 0
+
+    cdef inline int32_t _vlookup(self, const uint8_t* p, Py_ssize_t n) noexcept nogil:
+        cdef uint64_t slot = _hbytes(p, n) & self.vmask
+        cdef int32_t t
+        while True:
+            t = self.vtab[slot]
+            if t < 0:
+                return -1
+            if self.tok_len[t] == n and memcmp(self.arena + self.tok_off[t], p, n) == 0:
+                return t
+            slot = (slot + 1) & self.vmask
+
+    cdef int _vinsert_all(self) except -1:
+        cdef int32_t t
+        cdef uint8_t bb
+        cdef uint64_t slot
+        for t in range(self.ntok):
+            if self.tok_len[t] < 0:
+                continue
+            if self._vlookup(self.arena + self.tok_off[t], self.tok_len[t]) >= 0:
+                raise ValueError(f"duplicate token bytes for id {t}")
+            slot = _hbytes(self.arena + self.tok_off[t], self.tok_len[t]) & self.vmask
+            while self.vtab[slot] >= 0:
+                slot = (slot + 1) & self.vmask
+            self.vtab[slot] = t
+        for t in range(256):
+            bb = <uint8_t> t
+            self.byte_id[t] = self._vlookup(&bb, 1)
+            if self.byte_id[t] < 0:
+                raise ValueError(f"vocabulary lacks the single byte 0x{t:02X} (not a byte-level BPE vocabulary)")
+        return 0
+
+    cdef int _alloc_pairs(self, Py_ssize_t nmerges) except -1:
+        cdef uint64_t cap = 1024, i
+        while cap < <uint64_t> nmerges * 2:
+            cap <<= 1
+        self.pmask = cap - 1
+        self.ptab = <PairEnt*> malloc(cap * sizeof(PairEnt))
+        if self.ptab == NULL:
+            raise MemoryError()
+        for i in range(cap):
+            self.ptab[i].key = UINT64_MAX
+        return 0
+
+    cdef inline void _pinsert(self, int32_t a, int32_t b, int32_t rank, int32_t new_id) noexcept nogil:
+        cdef uint64_t key = (<uint64_t> <uint32_t> a << 32) | <uint32_t> b
+        cdef uint64_t slot = _hpair(key) & self.pmask
+        while self.ptab[slot].key != UINT64_MAX and self.ptab[slot].key != key:
+            slot = (slot + 1) & self.pmask
+        self.ptab[slot].key = key
+        self.ptab[slot].rank = rank
+        self.ptab[slot].new_id = new_id
+
+    cdef inline int32_t _prank(self, int32_t a, int32_t b, int32_t* new_id) noexcept nogil:
+        cdef uint64_t key = (<uint64_t> <uint32_t> a << 32) | <uint32_t> b
+        cdef uint64_t slot = _hpair(key) & self.pmask
+        cdef uint64_t k
+        while True:
+            k = self.ptab[slot].key
+            if k == key:
+                new_id[0] = self.ptab[slot].new_id
+                return self.ptab[slot].rank
+            if k == UINT64_MAX:
+                return INT32_MAX
+            slot = (slot + 1) & self.pmask
+
+    cdef int _finish(self) except -1:
+        """Mark tokens whose own bytes BPE-merge back into themselves (exact whole-piece shortcut)."""
+        cdef int32_t t
+        cdef int32_t* tmp = <int32_t*> malloc(4096 * sizeof(int32_t))
+        cdef Py_ssize_t n
+        if tmp == NULL:
+            raise MemoryError()
+        self._ensure_scratch(4096)
+        try:
+            for t in range(self.ntok):
+                n = self.tok_len[t]
+                if n < 2 or n > 4000:
+                    self.selfok[t] = n == 1
+                    continue
+                if self._bpe_into(self.arena + self.tok_off[t], n, tmp) == 1 and tmp[0] == t:
+                    self.selfok[t] = 1
+        finally:
+            free(tmp)
+        return 0
+
+    @staticmethod
+    def from_tiktoken(bytes data):
+        """Engine from a tiktoken rank file (rank == id); merges derived as HF's exporter does."""
+        cdef Engine e = Engine()
+        cdef const uint8_t* s = data
+        cdef Py_ssize_t n = len(data), i = 0, j, ntok = 0, k, nb = 0
+        cdef int64_t rank
+        # pass 1: count lines
+        for i in range(n):
+            if s[i] == 10:
+                ntok += 1
+        if n and s[n - 1] != 10:
+            ntok += 1
+        e._alloc_vocab(ntok, n)
+        for k in range(ntok + 1):
+            e.tok_len[k] = -1
+        cdef uint8_t dtab[256]
+        memset(dtab, 0xFF, 256)
+        cdef const uint8_t* alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+        for k in range(64):
+            dtab[alphabet[k]] = k
+        cdef uint32_t acc
+        cdef int bits
+        cdef Py_ssize_t maxrank = -1, count = 0
+        i = 0
+        while i < n:
+            while i < n and (s[i] == 10 or s[i] == 13 or s[i] == 32):
+                i += 1
+            if i >= n:
+                break
+            # base64 token
+            acc = 0
+            bits = 0
+            j = nb
+            while i < n and s[i] != 32:
+                if s[i] != 61:  # '='
+                    if dtab[s[i]] == 0xFF:
+                        raise ValueError("malformed tiktoken file")
+                    acc = (acc << 6) | dtab[s[i]]
+                    bits += 6
+                    if bits >= 8:
+                        bits -= 8
+                        e.arena[nb] = (acc >> bits) & 0xFF
+                        nb += 1
+                i += 1
+            i += 1
+            rank = 0
+            while i < n and 48 <= s[i] <= 57:
+                rank = rank * 10 + (s[i] - 48)
+                i += 1
+            if rank >= ntok or e.tok_len[rank] >= 0:
+                raise ValueError("tiktoken ranks must be distinct and 0..n-1")
+            e.tok_off[rank] = j
+            e.tok_len[rank] = nb - j
+            count += 1
+            if rank > maxrank:
+                maxrank = rank
+        if count != maxrank + 1:
+            raise ValueError("tiktoken ranks must be 0..n-1")
+        e.ntok = count
+        e._vinsert_all()
+        e._alloc_pairs(count)
+        e._derive_merges()
+        e._finish()
+        return e
+
+    cdef int _derive_merges(self) except -1:
+        """For every token (rank order), the last pair that rank-restricted byte-pair merging yields."""
+        cdef int32_t t, r, best, bi, nparts, k, a, b
+        cdef Py_ssize_t n
+        cdef int32_t* starts = <int32_t*> malloc(4098 * sizeof(int32_t))
+        cdef int32_t* pr = <int32_t*> malloc(4098 * sizeof(int32_t))
+        cdef const uint8_t* p
+        if starts == NULL or pr == NULL:
+            free(starts); free(pr)
+            raise MemoryError()
+        try:
+            for t in range(self.ntok):
+                n = self.tok_len[t]
+                if n < 2:
+                    continue
+                if n > 4096:
+                    raise ValueError("token too long")
+                p = self.arena + self.tok_off[t]
+                nparts = n
+                for k in range(n + 1):
+                    starts[k] = k
+                for k in range(n - 1):
+                    r = self._vlookup(p + k, 2)
+                    pr[k] = r if 0 <= r < t else INT32_MAX
+                while nparts > 2:
+                    best = INT32_MAX
+                    bi = -1
+                    for k in range(nparts - 1):
+                        if pr[k] < best:
+                            best = pr[k]
+                            bi = k
+                    if bi < 0:
+                        break
+                    memmove(starts + bi + 1, starts + bi + 2, (nparts - bi - 1) * sizeof(int32_t))
+                    if nparts - bi - 2 > 0:
+                        memmove(pr + bi + 1, pr + bi + 2, (nparts - bi - 2) * sizeof(int32_t))
+                    nparts -= 1
+                    if bi + 1 < nparts:
+                        r = self._vlookup(p + starts[bi], starts[bi + 2] - starts[bi])
+                        pr[bi] = r if 0 <= r < t else INT32_MAX
+                    if bi > 0:
+                        r = self._vlookup(p + starts[bi - 1], starts[bi + 1] - starts[bi - 1])
+                        pr[bi - 1] = r if 0 <= r < t else INT32_MAX
+                if nparts != 2:
+                    raise ValueError(f"token {t} is not a merge of two lower-ranked tokens")
+                a = self._vlookup(p, starts[1])
+                b = self._vlookup(p + starts[1], n - starts[1])
+                self._pinsert(a, b, t, t)
+        finally:
+            free(starts)
+            free(pr)
+        return 0
+
+    @staticmethod
+    def from_vocab(list tokens, const int32_t[:] merges):
+        """Engine from token bytes by id (None for holes) and merges as (left, right, new) id triples
+        in priority order (flat int32 buffer)."""
+        cdef Engine e = Engine()
+        cdef Py_ssize_t ntok = len(tokens), nb = 0, t, m, nm = merges.shape[0] // 3
+        for tok in tokens:
+            if tok is not None:
+                nb += len(tok)
+        e._alloc_vocab(ntok, nb)
+        nb = 0
+        cdef const uint8_t* src
+        for t in range(ntok):
+            tok = tokens[t]
+            if tok is None:
+                e.tok_len[t] = -1
+                e.tok_off[t] = 0
+                continue
+            src = <bytes> tok
+            memcpy(e.arena + nb, src, len(tok))
+            e.tok_off[t] = nb
+            e.tok_len[t] = len(tok)
+            nb += len(tok)
+        e._vinsert_all()
+        e._alloc_pairs(nm)
+        for m in range(nm):
+            e._pinsert(merges[3 * m], merges[3 * m + 1], <int32_t> m, merges[3 * m + 2])
+        e._finish()
+        return e
+
+    def set_added_tokens(self, list added):
+        """``[(content bytes, id), ...]``; matched leftmost-longest before anything else."""
+        added = sorted(added, key=lambda x: -len(x[0]))
+        free(self.add_arena); free(self.add_off); free(self.add_len); free(self.add_id)
+        self.nadd = len(added)
+        cdef Py_ssize_t nb = sum(len(a) for a, _ in added), k = 0, i
+        self.add_arena = <uint8_t*> malloc(max(nb, 1))
+        self.add_off = <int64_t*> malloc(max(self.nadd, 1) * sizeof(int64_t))
+        self.add_len = <int32_t*> malloc(max(self.nadd, 1) * sizeof(int32_t))
+        self.add_id = <int32_t*> malloc(max(self.nadd, 1) * sizeof(int32_t))
+        memset(self.add_first, 0, 256)
+        cdef const uint8_t* src
+        for i in range(self.nadd):
+            content, tid = added[i]
+            if len(content) == 0:
+                raise ValueError("empty added token")
+            src = <bytes> content
+            memcpy(self.add_arena + k, src, len(content))
+            self.add_off[i] = k
+            self.add_len[i] = len(content)
+            self.add_id[i] = tid
+            self.add_first[src[0]] = 1
+            k += len(content)
+
+    def clone(self):
+        """A new engine sharing this one's (read-only) vocabulary and merge tables, with its own added
+        tokens, options, cache and scratch buffers."""
+        cdef Engine e = Engine()
+        e.owns = False
+        e.owner = self
+        e.ntok = self.ntok
+        e.arena = self.arena
+        e.tok_off = self.tok_off
+        e.tok_len = self.tok_len
+        e.selfok = self.selfok
+        e.vtab = self.vtab
+        e.vmask = self.vmask
+        e.ptab = self.ptab
+        e.pmask = self.pmask
+        memcpy(e.byte_id, self.byte_id, sizeof(self.byte_id))
+        e.cache = <CacheEnt*> calloc(1 << CACHE_BITS, sizeof(CacheEnt))
+        if e.cache == NULL:
+            raise MemoryError()
+        e.rule = self.rule
+        e.nfc = self.nfc
+        return e
+
+    @property
+    def num_tokens(self):
+        return self.ntok
+
+    def token_bytes(self, int32_t t):
+        if t < 0 or t >= self.ntok or self.tok_len[t] < 0:
+            raise IndexError(t)
+        return (<char*> self.arena)[self.tok_off[t]:self.tok_off[t] + self.tok_len[t]]
+
+    # ------------------------------------------------------------ BPE
+    cdef Py_ssize_t _bpe_into(self, const uint8_t* p, Py_ssize_t n, int32_t* dst) noexcept nogil:
+        """HF BPE of one piece: repeatedly apply the lowest-ranked merge (leftmost on ties)."""
+        cdef int32_t ids[SHORT_BPE]
+        cdef int32_t rk[SHORT_BPE]
+        cdef int32_t nid[SHORT_BPE]
+        cdef Py_ssize_t k, m, bi
+        cdef int32_t best
+        if n > SHORT_BPE:
+            return self._bpe_long(p, n, dst)
+        for k in range(n):
+            ids[k] = self.byte_id[p[k]]
+        for k in range(n - 1):
+            rk[k] = self._prank(ids[k], ids[k + 1], &nid[k])
+        m = n
+        while m > 1:
+            best = INT32_MAX
+            bi = -1
+            for k in range(m - 1):
+                if rk[k] < best:
+                    best = rk[k]
+                    bi = k
+            if bi < 0:
+                break
+            ids[bi] = nid[bi]
+            m -= 1
+            if bi + 1 < m:
+                memmove(ids + bi + 1, ids + bi + 2, (m - bi - 1) * sizeof(int32_t))
+                memmove(rk + bi + 1, rk + bi + 2, (m - bi - 2) * sizeof(int32_t))
+                memmove(nid + bi + 1, nid + bi + 2, (m - bi - 2) * sizeof(int32_t))
+                rk[bi] = self._prank(ids[bi], ids[bi + 1], &nid[bi])
+            if bi > 0:
+                rk[bi - 1] = self._prank(ids[bi - 1], ids[bi], &nid[bi - 1])
+        memcpy(dst, ids, m * sizeof(int32_t))
+        return m
+
+    cdef Py_ssize_t _bpe_long(self, const uint8_t* p, Py_ssize_t n, int32_t* dst) noexcept nogil:
+        """O(n log n) BPE for long pieces: linked list of symbols + binary min-heap of (rank, pos)."""
+        cdef int32_t* sym = self.hsym
+        cdef int32_t* nxt = self.hsym + self.hcap
+        cdef int32_t* prv = self.hsym + 2 * self.hcap
+        cdef uint64_t* heap = self.hheap
+        cdef Py_ssize_t hn = 0, k, c, par, m = 0
+        cdef uint64_t item, tmp
+        cdef int32_t r, nid, pos, q, rr
+        if n > self.hcap:
+            return -1
+        for k in range(n):
+            sym[k] = self.byte_id[p[k]]
+            nxt[k] = k + 1 if k + 1 < n else -1
+            prv[k] = k - 1
+        for k in range(n - 1):
+            r = self._prank(sym[k], sym[k + 1], &nid)
+            if r != INT32_MAX:
+                # push
+                item = (<uint64_t> <uint32_t> r << 32) | <uint32_t> k
+                c = hn
+                hn += 1
+                while c > 0:
+                    par = (c - 1) >> 1
+                    if heap[par] <= item:
+                        break
+                    heap[c] = heap[par]
+                    c = par
+                heap[c] = item
+        while hn > 0:
+            item = heap[0]
+            hn -= 1
+            # pop: sift down the last element
+            tmp = heap[hn]
+            c = 0
+            while True:
+                k = 2 * c + 1
+                if k >= hn:
+                    break
+                if k + 1 < hn and heap[k + 1] < heap[k]:
+                    k += 1
+                if heap[k] >= tmp:
+                    break
+                heap[c] = heap[k]
+                c = k
+            if hn > 0:
+                heap[c] = tmp
+            r = <int32_t> (item >> 32)
+            pos = <int32_t> <uint32_t> item
+            if sym[pos] < 0:
+                continue
+            q = nxt[pos]
+            if q < 0:
+                continue
+            rr = self._prank(sym[pos], sym[q], &nid)
+            if rr != r:
+                continue
+            # merge pos and q
+            sym[pos] = nid
+            sym[q] = -1
+            nxt[pos] = nxt[q]
+            if nxt[q] >= 0:
+                prv[nxt[q]] = pos
+            # new pairs (prev, pos) and (pos, next)
+            for k in range(2):
+                if k == 0:
+                    if prv[pos] < 0:
+                        continue
+                    q = prv[pos]
+                else:
+                    q = pos
+                if nxt[q] < 0:
+                    continue
+                rr = self._prank(sym[q], sym[nxt[q]], &nid)
+                if rr == INT32_MAX:
+                    continue
+                item = (<uint64_t> <uint32_t> rr << 32) | <uint32_t> q
+                c = hn
+                hn += 1
+                while c > 0:
+                    par = (c - 1) >> 1
+                    if heap[par] <= item:
+                        break
+                    heap[c] = heap[par]
+                    c = par
+                heap[c] = item
+        k = 0
+        while k >= 0 and k < n:
+            dst[m] = sym[k]
+            m += 1
+            k = nxt[k]
+        return m
+
+    cdef int _ensure_scratch(self, Py_ssize_t n) except -1:
+        if n <= self.hcap:
+            return 0
+        free(self.hsym)
+        free(self.hheap)
+        self.hcap = 0
+        self.hsym = <int32_t*> malloc(3 * (n + 16) * sizeof(int32_t))
+        self.hheap = <uint64_t*> malloc((3 * (n + 16) + 4) * sizeof(uint64_t))
+        if self.hsym == NULL or self.hheap == NULL:
+            raise MemoryError()
+        self.hcap = n + 16
+        return 0
+
+    cdef inline int _ensure_out(self, Py_ssize_t extra) except -1:
+        cdef Py_ssize_t cap
+        cdef int32_t* o
+        if self.nout + extra <= self.outcap:
+            return 0
+        cap = max(self.outcap * 2, self.nout + extra + 1024)
+        o = <int32_t*> realloc(self.out, cap * sizeof(int32_t))
+        if o == NULL:
+            raise MemoryError()
+        self.out = o
+        self.outcap = cap
+        return 0
+
+    cdef int _piece(self, const uint8_t* p, Py_ssize_t n) except -1:
+        cdef int32_t t
+        cdef uint64_t h
+        cdef CacheEnt* ce
+        cdef Py_ssize_t m
+        if n == 1:
+            if self.counting:
+                self.counted += 1
+            else:
+                self._ensure_out(1)
+                self.out[self.nout] = self.byte_id[p[0]]
+                self.nout += 1
+            return 0
+        ce = NULL
+        if n <= CACHE_KEY:
+            h = _hbytes(p, n)
+            ce = &self.cache[h & ((1 << CACHE_BITS) - 1)]
+            if ce.klen == n and ce.h == h and memcmp(ce.key, p, n) == 0:
+                if self.counting:
+                    self.counted += ce.nids
+                else:
+                    self._ensure_out(ce.nids)
+                    memcpy(self.out + self.nout, ce.ids, ce.nids * sizeof(int32_t))
+                    self.nout += ce.nids
+                return 0
+            t = self._vlookup(p, n)
+            if t >= 0 and self.selfok[t]:
+                if self.counting:
+                    self.counted += 1
+                else:
+                    self._ensure_out(1)
+                    self.out[self.nout] = t
+                    self.nout += 1
+                return 0
+        else:
+            t = self._vlookup(p, n)
+            if t >= 0 and self.selfok[t]:
+                if self.counting:
+                    self.counted += 1
+                else:
+                    self._ensure_out(1)
+                    self.out[self.nout] = t
+                    self.nout += 1
+                return 0
+        self._ensure_scratch(n)
+        if self.counting:
+            self._ensure_out(n)     # scratch space at the end of the (unused) output buffer
+            m = self._bpe_into(p, n, self.out + self.nout)
+            if m < 0:
+                raise MemoryError()
+            self.counted += m
+        else:
+            self._ensure_out(n)
+            m = self._bpe_into(p, n, self.out + self.nout)
+            if m < 0:
+                raise MemoryError()
+            self.nout += m
+        if ce != NULL and m <= CACHE_IDS:
+            ce.h = h
+            ce.klen = <uint8_t> n
+            ce.nids = <uint8_t> m
+            memcpy(ce.key, p, n)
+            memcpy(ce.ids, self.out + self.nout - (0 if self.counting else m), m * sizeof(int32_t))
+        return 0
+
+    # ------------------------------------------------------------ split scanner
+    cdef int _scan(self, const uint8_t* s, Py_ssize_t n) except -1:
+        """Split one normalized segment with the Qwen pre-tokenizer regex and BPE every piece."""
+        cdef Py_ssize_t i = 0, j, k, lastcr, lastch
+        cdef int l0, l1, l2
+        cdef uint32_t c0, c1, c2
+        cdef uint8_t f0, f1, letter, l_2
+        cdef uint8_t LET = (F_L | F_M) if self.rule == 1 else F_L
+        cdef uint8_t NOTP = F_WS | F_L | F_N | (F_M if self.rule == 1 else 0)
+        cdef uint8_t* cls = CLS
+        while i < n:
+            c0 = _dec(s, i, &l0)
+            f0 = cls[c0]
+            # 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
+            if c0 == 0x27 and i + l0 < n:
+                c1 = _dec(s, i + l0, &l1)
+                letter = CI_LETTER[c1] if c1 < 0x180 else 0
+                if letter == 115 or letter == 116 or letter == 109 or letter == 100:   # s t m d
+                    self._piece(s + i, l0 + l1)
+                    i += l0 + l1
+                    continue
+                if letter != 0 and i + l0 + l1 < n:
+                    c2 = _dec(s, i + l0 + l1, &l2)
+                    l_2 = CI_LETTER[c2] if c2 < 0x180 else 0
+                    if ((letter == 114 or letter == 118) and l_2 == 101) or (letter == 108 and l_2 == 108):
+                        self._piece(s + i, l0 + l1 + l2)
+                        i += l0 + l1 + l2
+                        continue
+            # 2. [^\r\n\p{L}\p{N}]?\p{L}+   (qwen35: [\p{L}\p{M}]+)
+            j = -1
+            if f0 & LET:
+                j = i
+            elif not (f0 & (F_L | F_N | F_CRLF)) and i + l0 < n:
+                c1 = _dec(s, i + l0, &l1)
+                if cls[c1] & LET:
+                    j = i + l0
+            if j >= 0:
+                while j < n:
+                    c1 = _dec(s, j, &l1)
+                    if not (cls[c1] & LET):
+                        break
+                    j += l1
+                self._piece(s + i, j - i)
+                i = j
+                continue
+            # 3. \p{N}
+            if f0 & F_N:
+                self._piece(s + i, l0)
+                i += l0
+                continue
+            # 4. ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+            j = -1
+            if not (f0 & NOTP):
+                j = i
+            elif c0 == 0x20 and i + 1 < n:
+                c1 = _dec(s, i + 1, &l1)
+                if not (cls[c1] & NOTP):
+                    j = i + 1
+            if j >= 0:
+                while j < n:
+                    c1 = _dec(s, j, &l1)
+                    if cls[c1] & NOTP:
+                        break
+                    j += l1
+                while j < n and (s[j] == 10 or s[j] == 13):
+                    j += 1
+                self._piece(s + i, j - i)
+                i = j
+                continue
+            # whitespace: 5. \s*[\r\n]+   6. \s+(?!\S)   7. \s+
+            j = i
+            lastcr = -1
+            lastch = i
+            while j < n:
+                c1 = _dec(s, j, &l1)
+                if not (cls[c1] & F_WS):
+                    break
+                if c1 == 10 or c1 == 13:
+                    lastcr = j + 1
+                lastch = j
+                j += l1
+            if lastcr >= 0:
+                k = lastcr
+            elif j >= n:
+                k = n
+            elif lastch > i:
+                k = lastch
+            else:
+                k = i + l0
+            self._piece(s + i, k - i)
+            i = k
+        return 0
+
+    # ------------------------------------------------------------ NFC
+    cdef Py_ssize_t _nfc(self, const uint8_t* s, Py_ssize_t n) except -1:
+        """NFC of a UTF-8 segment into self.nbuf (reference tables); returns its length."""
+        cdef Py_ssize_t need = n * 4 + 16, i = 0, j, m = 0, k, a, b, d, x, run
+        cdef int ln
+        cdef uint32_t c, si, tmpc
+        cdef uint32_t* u
+        cdef uint8_t cc, last
+        cdef int64_t comp
+        cdef Py_ssize_t starter
+        cdef Py_ssize_t counts[256]
+        if self.ucap < need * 2:
+            free(self.ubuf)
+            self.ubuf = <uint32_t*> malloc(need * 2 * sizeof(uint32_t))
+            if self.ubuf == NULL:
+                self.ucap = 0
+                raise MemoryError()
+            self.ucap = need * 2
+        u = self.ubuf
+        # decompose (at most 4 code points per decomposition, UTF-8 is >= 1 byte per code point)
+        while i < n:
+            c = _dec(s, i, &ln)
+            i += ln
+            if SBASE <= c < SBASE + SCOUNT:
+                si = c - SBASE
+                u[m] = LBASE + si // NCOUNT
+                u[m + 1] = VBASE + (si % NCOUNT) // TCOUNT
+                m += 2
+                if si % TCOUNT:
+                    u[m] = TBASE + si % TCOUNT
+                    m += 1
+            elif (CLS[c] & F_UNSAFE) or c >= 0xC0:
+                d = _find_dec(c) if c >= 0xC0 else -1
+                if d >= 0:
+                    for k in range(DEC_OFF[d], DEC_OFF[d + 1]):
+                        u[m] = DEC_DATA[k]
+                        m += 1
+                else:
+                    u[m] = c
+                    m += 1
+            else:
+                u[m] = c
+                m += 1
+        # canonical ordering: stable sort of each run of non-starters by ccc
+        i = 0
+        cdef uint32_t* tmpbuf = u + need
+        while i < m:
+            if CCC[u[i]] == 0:
+                i += 1
+                continue
+            j = i
+            while j < m and CCC[u[j]] != 0:
+                j += 1
+            run = j - i
+            if run > 1:
+                if run <= 16:
+                    for a in range(i + 1, j):
+                        tmpc = u[a]
+                        b = a - 1
+                        while b >= i and CCC[u[b]] > CCC[tmpc]:
+                            u[b + 1] = u[b]
+                            b -= 1
+                        u[b + 1] = tmpc
+                else:   # counting sort (linear: adversarial runs of marks stay O(n))
+                    memset(counts, 0, sizeof(counts))
+                    for a in range(i, j):
+                        counts[CCC[u[a]]] += 1
+                    x = 0
+                    for a in range(256):
+                        k = counts[a]
+                        counts[a] = x
+                        x += k
+                    for a in range(i, j):
+                        tmpbuf[counts[CCC[u[a]]]] = u[a]
+                        counts[CCC[u[a]]] += 1
+                    memcpy(u + i, tmpbuf, run * sizeof(uint32_t))
+            i = j
+        # canonical composition
+        k = 0
+        starter = -1
+        last = 0
+        for i in range(m):
+            c = u[i]
+            cc = CCC[c]
+            if starter >= 0 and (last == 0 or last < cc):
+                comp = _compose(u[starter], c)
+                if comp >= 0:
+                    u[starter] = <uint32_t> comp
+                    continue
+            if cc == 0:
+                starter = k
+            last = cc
+            u[k] = c
+            k += 1
+        # encode
+        if self.ncap < k * 4 + 4:
+            free(self.nbuf)
+            self.nbuf = <uint8_t*> malloc(k * 4 + 4)
+            if self.nbuf == NULL:
+                self.ncap = 0
+                raise MemoryError()
+            self.ncap = k * 4 + 4
+        x = 0
+        for i in range(k):
+            x += _put_utf8(self.nbuf + x, u[i])
+        return x
+
+    cdef int _segment(self, const uint8_t* s, Py_ssize_t n) except -1:
+        cdef Py_ssize_t m
+        if n == 0:
+            return 0
+        if self.nfc and _needs_nfc(s, n):
+            m = self._nfc(s, n)
+            return self._scan(self.nbuf, m)
+        return self._scan(s, n)
+
+    cdef int _run(self, str text) except -1:
+        cdef Py_ssize_t n, i = 0, seg = 0, a, L
+        cdef const uint8_t* s = <const uint8_t*> PyUnicode_AsUTF8AndSize(text, &n)
+        cdef int best
+        if self.nadd == 0:
+            return self._segment(s, n)
+        while i < n:
+            if not self.add_first[s[i]]:
+                i += 1
+                continue
+            best = -1
+            for a in range(self.nadd):          # sorted longest first: the first hit is the longest
+                L = self.add_len[a]
+                if i + L <= n and memcmp(s + i, self.add_arena + self.add_off[a], L) == 0:
+                    best = a
+                    break
+            if best < 0:
+                i += 1
+                continue
+            self._segment(s + seg, i - seg)
+            if self.counting:
+                self.counted += 1
+            else:
+                self._ensure_out(1)
+                self.out[self.nout] = self.add_id[best]
+                self.nout += 1
+            i += self.add_len[best]
+            seg = i
+        self._segment(s + seg, n - seg)
+        return 0
+
+    # ------------------------------------------------------------ public
+    def encode(self, str text):
+        cdef Py_ssize_t k
+        self.counting = False
+        self.nout = 0
+        try:
+            self._run(text)
+        except UnicodeEncodeError as exc:
+            raise _surrogate_error(text, exc) from None
+        cdef list res = [None] * self.nout
+        for k in range(self.nout):
+            res[k] = self.out[k]
+        self.nout = 0
+        if self.outcap > (1 << 20):
+            free(self.out)
+            self.out = NULL
+            self.outcap = 0
+        return res
+
+    def count(self, str text):
+        self.counting = True
+        self.counted = 0
+        self.nout = 0
+        try:
+            self._run(text)
+        except UnicodeEncodeError as exc:
+            raise _surrogate_error(text, exc) from None
+        finally:
+            self.counting = False
+        return self.counted
+
+    def count_batch(self, list texts):
+        cdef Py_ssize_t k, n = len(texts)
+        cdef list res = [0] * n
+        for k in range(n):
+            t = texts[k]
+            if not PyUnicode_Check(t):
+                raise TypeError(f"texts[{k}] must be str, not {type(t).__name__}")
+            res[k] = self.count(t)
+        return res
+
+
+def _surrogate_error(str text, exc):
+    pos = getattr(exc, "start", None)
+    where = f" at index {pos}" if pos is not None else ""
+    return ValueError(f"text contains a lone surrogate{where} (U+{ord(text[pos]):04X}), which is not valid "
+                      "Unicode and cannot be tokenized (the reference tokenizer rejects it too); "
+                      "encode/decode the text with errors='replace' first" if pos is not None else
+                      "text contains a lone surrogate, which cannot be tokenized")

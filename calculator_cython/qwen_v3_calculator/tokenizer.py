@@ -1,0 +1,198 @@
+"""Exact Qwen tokenizer: HF ``tokenizers`` results, computed by the compiled C core.
+
+Pipeline (the semantics of HF ``tokenizers`` with a Qwen ``tokenizer.json``):
+
+1. split the raw text on the added tokens (leftmost-longest; special or not, before normalization);
+2. NFC each remaining segment, with the reference's (older) Unicode normalization tables;
+3. split each segment with the Qwen pre-tokenizer regex (``qwen2`` rule, or the ``qwen35`` rule that
+   keeps combining marks with letters) -- a hand-written scanner with class tables probed from the
+   reference's Oniguruma engine;
+4. byte-level BPE of every piece with the vocabulary's merge ranks.
+
+All tables live in ``data/`` and are produced by ``calculator_cython/tools/gen_unicode_tables.py``.
+"""
+from __future__ import annotations
+
+import array
+import json
+import os
+from pathlib import Path
+
+try:
+    from . import _core
+    _core.Engine  # noqa: B018  (an old build without the engine must not pass silently)
+except (ImportError, AttributeError) as exc:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "qwen_v3_calculator's compiled core (_core) is missing or outdated; build it with "
+        "`pip install -e .` in the repository (or run scripts/setup.sh). There is no pure-Python fallback."
+    ) from exc
+
+from . import DATA_DIR, NUM_BASE_TOKENS, VOCAB_FILE
+
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                  r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPLIT_RULES = {"qwen2": QWEN2_PATTERN, "qwen35": QWEN35_PATTERN}
+_RULE_CODE = {"qwen2": 0, "qwen35": 1}
+UNICODE_TABLES = os.path.join(DATA_DIR, "unicode_tables.json")
+
+
+def _init_tables() -> None:
+    with open(UNICODE_TABLES, encoding="utf-8") as fh:
+        _core.init_unicode_tables(json.load(fh))
+
+
+_init_tables()
+
+
+def _byte_decoder() -> dict[str, int]:
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _rule_from_pretokenizer(pre) -> str:
+    """The split rule named by a tokenizer.json ``pre_tokenizer`` (Split regex + byte-level)."""
+    splits = []
+
+    def walk(node):
+        if not isinstance(node, dict):
+            return
+        kind = node.get("type")
+        if kind == "Sequence":
+            for child in node.get("pretokenizers", []):
+                walk(child)
+        elif kind == "Split":
+            splits.append(node)
+        elif kind == "ByteLevel":
+            if node.get("use_regex", True) or node.get("add_prefix_space", False):
+                raise ValueError("unsupported ByteLevel pre-tokenizer options (use_regex/add_prefix_space)")
+        else:
+            raise ValueError(f"unsupported pre_tokenizer type {kind!r}")
+
+    walk(pre)
+    if len(splits) != 1:
+        raise ValueError("expected exactly one Split pre-tokenizer with the Qwen regex")
+    node = splits[0]
+    pattern = node.get("pattern", {}).get("Regex")
+    if node.get("behavior") != "Isolated" or node.get("invert"):
+        raise ValueError("unsupported Split behaviour (expected Isolated, not inverted)")
+    for name, pat in SPLIT_RULES.items():
+        if pattern == pat:
+            return name
+    raise ValueError(f"unknown pre-tokenizer split regex {pattern!r}; supported: Qwen2 and Qwen3.5 rules")
+
+
+class Tokenizer:
+    """Exact Qwen tokenizer (same ids as HF ``tokenizers`` with the model's ``tokenizer.json``)."""
+
+    def __init__(self, engine, added_tokens: dict[str, int], split_rule: str, vocab_size: int,
+                 normalizer: str | None = "NFC"):
+        if split_rule not in _RULE_CODE:
+            raise ValueError(f"unknown split rule {split_rule!r}; expected one of {sorted(_RULE_CODE)}")
+        self._engine = engine
+        self.split_rule = split_rule
+        self.added_tokens = dict(added_tokens)
+        self.vocab_size = vocab_size
+        self.normalizer = normalizer
+        engine.rule = _RULE_CODE[split_rule]
+        engine.nfc = normalizer == "NFC"
+        engine.set_added_tokens([(c.encode("utf-8"), i) for c, i in self.added_tokens.items()])
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def bundled(cls, flavor: str = "qwen3") -> "Tokenizer":
+        """The bundled Qwen2/2.5/3 vocabulary with ``flavor``'s added tokens and the Qwen2 split rule."""
+        from .hf_export import ADDED_TOKENS
+        if flavor not in ADDED_TOKENS:
+            raise ValueError(f"unknown flavor {flavor!r}; expected one of {sorted(ADDED_TOKENS)}")
+        engine = _bundled_engine().clone()
+        added = {c: NUM_BASE_TOKENS + i for i, (c, _special) in enumerate(ADDED_TOKENS[flavor])}
+        return cls(engine, added, "qwen2", NUM_BASE_TOKENS + len(added))
+
+    @classmethod
+    def from_file(cls, path) -> "Tokenizer":
+        """From a ``tokenizer.json`` (or a model directory containing one)."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"no tokenizer.json at {path}")
+        with open(p, encoding="utf-8") as fh:
+            spec = json.load(fh)
+        model = spec.get("model") or {}
+        if model.get("type") != "BPE":
+            raise ValueError(f"{p}: expected a BPE model, got {model.get('type')!r}")
+        for key, ok in (("dropout", None), ("unk_token", None), ("continuing_subword_prefix", ""),
+                        ("end_of_word_suffix", ""), ("byte_fallback", False), ("ignore_merges", False)):
+            val = model.get(key, ok)
+            if val != ok and not (key in ("continuing_subword_prefix", "end_of_word_suffix") and val is None):
+                raise ValueError(f"{p}: unsupported BPE option {key}={val!r}")
+        norm = spec.get("normalizer")
+        if not (norm is None or norm.get("type") == "NFC"
+                or (norm.get("type") == "Sequence" and [n.get("type") for n in norm["normalizers"]] == ["NFC"])):
+            raise ValueError(f"{p}: unsupported normalizer {norm!r} (expected NFC)")
+        rule = _rule_from_pretokenizer(spec.get("pre_tokenizer"))
+        dec = _byte_decoder()
+        vocab = model["vocab"]
+        size = max(vocab.values()) + 1 if vocab else 0
+        tokens: list = [None] * size
+        for tok, i in vocab.items():
+            tokens[i] = bytes(dec[ch] for ch in tok)
+        flat = array.array("i")
+        for m in model.get("merges", []):
+            a, b = m.split(" ", 1) if isinstance(m, str) else m
+            flat.extend((vocab[a], vocab[b], vocab[a + b]))
+        engine = _core.Engine.from_vocab(tokens, flat)
+        added = {}
+        for t in spec.get("added_tokens", []):
+            if t.get("single_word") or t.get("lstrip") or t.get("rstrip"):
+                raise ValueError(f"{p}: added token {t['content']!r} uses unsupported single_word/lstrip/rstrip")
+            added[t["content"]] = t["id"]
+        vocab_size = max([size, *(i + 1 for i in added.values())])
+        return cls(engine, added, rule, vocab_size, None if norm is None else "NFC")
+
+    # ------------------------------------------------------------------ counting
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, not {type(text).__name__}")
+        return self._engine.encode(text)
+
+    def count(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, not {type(text).__name__}")
+        return self._engine.count(text)
+
+    def count_batch(self, texts) -> list[int]:
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("texts must be a list of str, not a single " + type(texts).__name__)
+        return self._engine.count_batch(list(texts))
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(vocab_size={self.vocab_size}, split_rule={self.split_rule!r}, "
+                f"added_tokens={len(self.added_tokens)})")
+
+
+_BUNDLED = None
+
+
+def _bundled_engine():
+    """One engine for the bundled vocabulary per process (it is read-only once built).
+
+    Note: an engine carries scratch buffers; it is not meant to be shared by threads running
+    concurrently (the GIL is held throughout a call, so this holds for CPython threads).
+    """
+    global _BUNDLED
+    if _BUNDLED is None:
+        with open(VOCAB_FILE, "rb") as fh:
+            _BUNDLED = _core.Engine.from_tiktoken(fh.read())
+    return _BUNDLED
+
+
+__all__ = ["Tokenizer", "SPLIT_RULES", "QWEN2_PATTERN", "QWEN35_PATTERN"]

@@ -1,0 +1,291 @@
+"""qwen_v3_calculator.tokenizer: ids identical to the reference (HF ``tokenizers``), zero tolerance.
+
+The reference is HF ``tokenizers`` loading the generated (byte-identical official) Qwen3 tokenizer.json;
+for the Qwen3.5 split rule, a copy of it with the Qwen3.5 pre-tokenizer regex.
+"""
+import json
+import random
+import unicodedata
+
+import pytest
+
+tokenizers = pytest.importorskip("tokenizers")
+
+from qwen_v3_calculator import NUM_BASE_TOKENS, hf_export  # noqa: E402
+from qwen_v3_calculator.tokenizer import QWEN35_PATTERN, Tokenizer  # noqa: E402
+
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+SCALARS = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+# planes with assigned characters get the full context template; the others (unassigned / private use)
+# a shorter one, so that every scalar value is checked and the file stays well under a minute
+FULL_PLANES = {"qwen2": {0, 1, 2, 3, 14}, "qwen35": {0, 1, 14}}
+
+
+def full_context(c: str) -> str:
+    return f"a{c}b {c}x {c}{c} 1{c}2 '{c}\n{c} \n"
+
+
+def short_context(c: str) -> str:
+    return f"a{c}{c} {c}\n"
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qwen3_exact")
+    hf_export.write_tokenizer_files(out, "qwen3", chat_template="x")
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen35_dir(qwen3_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("qwen35_rule")
+    spec = json.loads((qwen3_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    split = spec["pre_tokenizer"]["pretokenizers"][0]
+    assert split["type"] == "Split"
+    split["pattern"]["Regex"] = QWEN35_PATTERN
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen35_raw_dir(qwen35_dir, tmp_path_factory):
+    """Qwen3.5 rule without a normalizer (as Qwen3.5's own tokenizer.json: llama.cpp's vectors expect it)."""
+    out = tmp_path_factory.mktemp("qwen35_raw")
+    spec = json.loads((qwen35_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["normalizer"] = None
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def pairs(qwen3_dir, qwen35_dir, qwen35_raw_dir):
+    """rule -> (reference, ours) ; 'bundled' is Tokenizer.bundled() against the qwen3 reference."""
+    def ref(d):
+        return tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+
+    ref2 = ref(qwen3_dir)
+    return {
+        "qwen2": (ref2, Tokenizer.from_file(qwen3_dir / "tokenizer.json")),
+        "bundled": (ref2, Tokenizer.bundled("qwen3")),
+        "qwen35": (ref(qwen35_dir), Tokenizer.from_file(qwen35_dir)),
+        "qwen35-raw": (ref(qwen35_raw_dir), Tokenizer.from_file(qwen35_raw_dir)),
+    }
+
+
+def _ref_ids(ref, texts):
+    enc = getattr(ref, "encode_batch_fast", ref.encode_batch)
+    return [e.ids for e in enc(texts, add_special_tokens=False)]
+
+
+def assert_same(pair, texts):
+    ref, ours = pair
+    expected = _ref_ids(ref, texts)
+    for text, exp in zip(texts, expected):
+        got = ours.encode(text)
+        if got != exp:
+            k = next((i for i, (a, b) in enumerate(zip(got, exp)) if a != b), min(len(got), len(exp)))
+            pytest.fail(f"mismatch on {text[:120]!r} (len {len(text)}) at token {k}: "
+                        f"expected {exp[max(0, k - 3):k + 4]} got {got[max(0, k - 3):k + 4]}")
+    assert ours.count_batch(texts) == [len(e) for e in expected]
+
+
+def chunks(cps, make, size=256):
+    return ["".join(make(chr(c)) for c in cps[i:i + size]) for i in range(0, len(cps), size)]
+
+
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35"])
+def test_every_scalar_value_in_context(pairs, rule):
+    full = [c for c in SCALARS if c >> 16 in FULL_PLANES[rule]]
+    short = [c for c in SCALARS if c >> 16 not in FULL_PLANES[rule]]
+    assert_same(pairs[rule], chunks(full, full_context) + chunks(short, short_context, 1024))
+
+
+def test_bundled_matches_reference_on_bmp(pairs):
+    cps = [c for c in SCALARS if c < 0x10000]
+    assert_same(pairs["bundled"], chunks(cps, full_context))
+
+
+NON_NFC = [
+    "e\u0301", "E\u0301\u0323", "a\u0323\u0301", "a\u0301\u0323", "\u1e0b\u0323", "\u0071\u0307\u0323",
+    "\u212b", "\u2126 ohm", "\u0344", "\u0958\u093c", "\u1100\u1161\u11a8", "\uac00\u11a8", "\u1100\u1161",
+    "\u0b47\u0b3e", "\u0dd9\u0dcf\u0dca", "\u00c5\u0301", "A\u030a", "a\u1df6\u0301", "a\u0301\u1df6",
+    "\U00011935\U00011930", "\U00011938", "\u0041\u0300\u0300\u0315\u0301", "\u05d0\u05b7\u05bc",
+    "x" + "\u0301\u0316" * 40, "\u0301" * 50 + "abc", "Ω\u0313\u0342\u0345", "\u1f00\u0345",
+    "\u0626\u0654", "\u30ab\u3099", "\u304b\u3099\u309a", "\uff76\uff9e", "\u2000\u2001", "\u0340\u0341",
+    "\u0f73\u0f75\u0f81", "\u1026\u1031\u102e", "\u0cc6\u0cc2\u0cd5",
+]
+
+
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled", "qwen35-raw"])
+def test_non_nfc_sequences(pairs, rule):
+    texts = NON_NFC + [" " + t for t in NON_NFC] + ["x" + t + "y" for t in NON_NFC]
+    texts += [unicodedata.normalize("NFD", t) for t in ("Crème brûlée à la façon de Zoë", "Ελληνικά ἄνθρωπος",
+                                                        "한국어 텍스트입니다", "Tiếng Việt có dấu")]
+    assert_same(pairs[rule], texts)
+
+
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled"])
+def test_added_tokens_glued_to_marks_and_text(pairs, rule):
+    toks = list(hf_export.ADDED_TOKENS["qwen3"])
+    texts = []
+    for content, _ in toks:
+        texts += [content, "a" + content + "\u0301", "\u0301" + content, content + "\u0301b", "e" + content + "\u0301",
+                  content + content, " " + content + " ", "\n" + content + "\n\n", content[:-1], content[1:],
+                  "x" + content[:-1] + content, "\u00e9" + content + "'s", content + "'S"]
+    texts += ["<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nok<|im_end|>",
+              "<|im_start|<|im_end|>", "<<|endoftext|>>", "<tool_call><tool_call>", "</think></think>x"]
+    assert_same(pairs[rule], texts)
+
+
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled"])
+def test_whitespace_digits_contractions(pairs, rule):
+    ws = [" ", "  ", "\t", "\t ", " \t", "\u00a0", " \u00a0", "\u00a0 ", "\u3000", "\n", "\r\n", " \n ", "\u2028",
+          "\u0085", "\x0b", "\x0c", "\u1680", "\u202f", "\u205f", "\u180e", "\u200b"]
+    texts = []
+    for w in ws:
+        for w2 in ws[:8]:
+            texts += [f"a{w}{w2}", f"a{w}{w2}b", f"{w}{w2}", f"x\t{w}{w2}", f"x\u00a0{w}{w2}", f"{w}\n{w2}x",
+                      f"1{w}{w2}2", f"!{w}{w2}"]
+    nums = "0123456789\u0660\u0661\u06f5\u0966\u09e7\u0e51\uff11\u2460\u00b2\u00bd\u216b\u3007\u4e00\U0001d7ce"
+    for d in nums:
+        texts += [f" {d}", f"  {d}", f"a {d}{d}{d}", f"{d} {d}", f"\t{d}", f"x{d}y", f" {d}x", f"'{d}"]
+    for c in ("s", "t", "re", "ve", "m", "ll", "d"):
+        for v in {c, c.upper(), c.capitalize(), c[0].upper() + c[1:]}:
+            texts += [f"it'{v}", f"it'{v}x", f"'{v}", f" '{v}", f"x '{v} y", f"''{v}", f"'{v}'{v}", f"1'{v}"]
+    texts += ["it\u2019s", "'\u017f", "'\u017ft", "I'M", "we'Ll", "'LL", "'lL", "'Re", "'rE", "'VE", "'D",
+              "'\u212a", "'", "''", "' ", "'\n"]
+    assert_same(pairs[rule], texts)
+
+
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled"])
+def test_long_single_pretokens(pairs, rule):
+    n = 200_000
+    texts = ["a" * n, " " + "b" * n, "中" * (n // 3), "!" * n, " " * n, " " * n + "x", "\n" * n, "1" * (n // 10),
+             "ab" * (n // 2), "\u00e9" * (n // 2), "e" + "\u0301" * (n // 2), "x" + "\u0316\u0301" * (n // 4),
+             "🙂" * (n // 4), "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(n // 3))]
+    assert_same(pairs[rule], texts)
+
+
+def _random_mix(seed: int, count: int):
+    rnd = random.Random(seed)
+    words = ["the", "The", "tokenizer", "counts", "exactly", "naïve", "café", "Straße", "don't", "WE'LL", "it's",
+             "привет", "мир", "γλώσσα", "שלום", "مرحبا", "हिन्दी", "ภาษาไทย", "한국어", "日本語の", "テキスト"]
+    code = ["def f(x):\n    return x**2\n", "for (int i = 0; i < n; ++i) {\n\tsum += a[i];\n}\n",
+            "if __name__ == '__main__':\r\n    main()\r\n", "const s = `${a}+${b}`;  // ok\n",
+            "<div class=\"x\">&nbsp;</div>", "SELECT * FROM t WHERE id=42;", "x = [1,2,3]\n\n\n"]
+    emoji = ["🙂", "👍🏽", "👨‍👩‍👧‍👦", "🇨🇳", "🏳️‍🌈", "❤️", "✈︎", "🤖", "1️⃣", "\U0001f3f4\U000e0067\U000e0062\U000e0073"
+             "\U000e0063\U000e0074\U000e007f"]
+    ws = [" ", "  ", "\t", "\n", "\r\n", "\n\n", " \n", "\u00a0", "\u3000", "   \n\t "]
+    added = [c for c, _ in hf_export.ADDED_TOKENS["qwen3"]]
+    out = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rnd.randint(1, 60)):
+            kind = rnd.random()
+            if kind < 0.25:
+                parts.append("".join(chr(rnd.randint(0x4E00, 0x9FFF)) for _ in range(rnd.randint(1, 12))))
+            elif kind < 0.5:
+                parts.append(rnd.choice(words))
+            elif kind < 0.6:
+                parts.append(rnd.choice(code))
+            elif kind < 0.7:
+                parts.append(rnd.choice(emoji))
+            elif kind < 0.85:
+                parts.append(rnd.choice(ws))
+            elif kind < 0.9:
+                parts.append(str(rnd.randint(0, 10 ** rnd.randint(1, 8))))
+            elif kind < 0.93:
+                parts.append(rnd.choice(added))
+            elif kind < 0.96:
+                parts.append(rnd.choice("，。！？、：；“”‘’（）《》…—-_=+*/\\|@#$%^&~`'\""))
+            else:
+                parts.append(chr(rnd.choice([rnd.randint(0x20, 0x2FF), rnd.randint(0x300, 0x36F),
+                                             rnd.randint(0x1100, 0x11FF), rnd.randint(0xAC00, 0xD7A3)])))
+        out.append("".join(parts))
+    return out
+
+
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled", "qwen35-raw"])
+def test_seeded_random_mix(pairs, rule):
+    assert_same(pairs[rule], _random_mix(20240611, 1500))
+
+
+def _llama_vectors(name):
+    assets = pytest.importorskip("qwen_vllm_ext.assets")
+    try:
+        inp, out = assets.test_vector_paths(name)
+    except Exception as exc:  # offline machine without the cached references
+        pytest.skip(f"llama.cpp test vectors unavailable: {exc}")
+    texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    if texts and texts[-1] == "":
+        texts.pop()
+    ids = [[int(x) for x in line.split()] for line in out.read_text(encoding="utf-8").split("\n")]
+    ids = ids[:len(texts)]
+    assert len(texts) == len(ids) and len(texts) > 20
+    return texts, ids
+
+
+@pytest.mark.parametrize("name,rule", [("qwen2", "qwen2"), ("qwen2", "bundled"), ("qwen35", "qwen35-raw")])
+def test_llama_cpp_vectors(pairs, name, rule):
+    texts, ids = _llama_vectors(name)
+    ours = pairs[rule][1]
+    assert [ours.encode(t) for t in texts] == ids
+    assert_same(pairs[rule], texts)
+
+
+# ---------------------------------------------------------------------------------------------------
+def test_interface(pairs, qwen3_dir):
+    tok = Tokenizer.bundled()
+    assert tok.split_rule == "qwen2" and pairs["qwen35"][1].split_rule == "qwen35"
+    assert tok.vocab_size == NUM_BASE_TOKENS + 26 == pairs["qwen2"][1].vocab_size
+    assert tok.added_tokens["<|im_end|>"] == 151645 and tok.added_tokens["</think>"] == 151668
+    assert pairs["qwen2"][1].added_tokens == tok.added_tokens
+    q25 = Tokenizer.bundled("qwen2.5")
+    assert len(q25.added_tokens) == 22 and q25.encode("<think>") != [151667]
+    assert tok.encode("<think>") == [151667]  # flavors share the vocabulary, not their added tokens
+    assert pairs["qwen35-raw"][1].normalizer is None and tok.normalizer == "NFC"
+    assert tok.encode("") == [] and tok.count("") == 0 and tok.count_batch([]) == []
+    assert tok.count("hello world") == 2 == len(tok.encode("hello world"))
+    assert tok.count_batch(["a", "", "<|im_end|>"]) == [1, 0, 1]
+    with pytest.raises(ValueError):
+        Tokenizer.bundled("qwen9")
+
+
+def test_type_errors():
+    tok = Tokenizer.bundled()
+    for bad in (b"abc", None, 3, ["a"]):
+        with pytest.raises(TypeError, match="text"):
+            tok.encode(bad)
+        with pytest.raises(TypeError, match="text"):
+            tok.count(bad)
+    with pytest.raises(TypeError, match=r"texts\[1\]"):
+        tok.count_batch(["ok", b"no"])
+    with pytest.raises(TypeError, match="texts"):
+        tok.count_batch("a string")
+
+
+def test_lone_surrogates_raise_clear_value_error(pairs):
+    tok = Tokenizer.bundled()
+    with pytest.raises(ValueError, match="surrogate"):
+        tok.encode("ab\ud800cd")
+    with pytest.raises(ValueError, match="surrogate"):
+        tok.count("\udfff")
+    with pytest.raises(Exception):  # the reference rejects them too
+        pairs["qwen2"][0].encode("ab\ud800cd")
+    assert tok.encode("ok") == pairs["qwen2"][0].encode("ok").ids  # still usable afterwards
+
+
+def test_unknown_split_regex_rejected(qwen3_dir, tmp_path):
+    spec = json.loads((qwen3_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\w+|\s+"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(ValueError, match="regex"):
+        Tokenizer.from_file(tmp_path)
+
+
+def test_merged_tokens_encode_to_themselves(qwen3_dir, pairs):
+    """The bundled engine derives its merges itself: every vocabulary token's text must round-trip."""
+    ref, tok = pairs["bundled"]
+    words = [ref.decode([i]) for i in range(256, NUM_BASE_TOKENS, 37)]
+    assert_same((ref, tok), [w for w in words if w and "\ufffd" not in w])
