@@ -3,14 +3,15 @@
 * ``register_general`` — group ``vllm.general_plugins``: runs in EVERY vLLM process (API server,
   engine core, workers; children are spawned, so nothing is inherited): checks the vLLM version,
   applies the runtime patches idempotently, records the process state for the health route.
-* ``EndpointPlugin`` — group ``vllm.endpoint_plugins``: API server only; adds ``GET /qwen_ext/health``.
+* ``EndpointPlugin`` — group ``vllm.endpoint_plugins``: API server only; adds ``GET /qwen_ext/health`` and
+  ``POST /v1/tokens/count`` (the calculator as a service).
   vLLM loads endpoint plugins only when named in ``VLLM_PLUGINS`` (the launcher sets it).
 """
 from __future__ import annotations
 
 import logging
 
-from . import __version__, status
+from . import __version__, counting, status
 from ._vllm import require_vllm, unsupported_message, version_supported
 from .config import Settings
 
@@ -79,9 +80,11 @@ class EndpointPlugin:
             return health_report()
 
         app.include_router(router)
+        counting.attach(app)
 
     async def init_state(self, engine_client, state, args) -> None:
         state.qwen_vllm_ext_settings = Settings.current()
+        counting.init_state(state, args)
 
 
 def health_report() -> dict:

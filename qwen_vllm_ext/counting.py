@@ -1,0 +1,67 @@
+"""``POST /v1/tokens/count``: the calculator as a service for gateways written in other languages.
+
+Body: OpenAI-style, either ``messages`` (+ optional ``tools``, ``chat_template_kwargs``) or ``prompt``;
+optional ``completion`` (output text to bill) and ``cached_tokens``. Response: the same dict as
+``qwen_v3_calculator.calculate_tokens`` (billed units as exact decimal strings), plus ``model``.
+The calculator uses the served model's own ``tokenizer.json`` when the model is a local directory that has
+one, else the bundled Qwen3 vocabulary.
+"""
+
+# No `from __future__ import annotations` here: FastAPI must see the real `Request` annotation.
+import json
+import os
+
+from .errors import error_response
+
+COUNT_PATH = "/v1/tokens/count"
+
+
+def init_state(state, args) -> None:
+    names = getattr(args, "served_model_name", None) or [args.model]
+    state.qwen_vllm_ext_served_model = names[0] if isinstance(names, list) else names
+    state.qwen_vllm_ext_calculator = calculator_for_model(args.model, getattr(args, "tokenizer", None))
+
+
+def calculator_for_model(model: str | None, tokenizer: str | None = None):
+    from qwen_v3_calculator import Calculator
+
+    for candidate in (tokenizer, model):
+        if candidate and os.path.isfile(os.path.join(os.path.expanduser(candidate), "tokenizer.json")):
+            return Calculator(tokenizer=os.path.expanduser(candidate))
+    return Calculator()
+
+
+def attach(app) -> None:
+    """Add the route; ``init_state`` puts the calculator and served model name on ``app.state``."""
+    from fastapi import Request
+
+    @app.post(COUNT_PATH)
+    async def count_tokens(request: Request):
+        try:
+            body = json.loads(await request.body() or b"null")
+        except ValueError as exc:
+            return error_response(400, f"request body is not valid JSON: {exc}", "invalid_json")
+        if not isinstance(body, dict):
+            return error_response(400, "request body must be a JSON object", "invalid_request")
+        messages, prompt = body.get("messages"), body.get("prompt")
+        if (messages is None) == (prompt is None):
+            return error_response(400, "send exactly one of 'messages' (chat) or 'prompt' (text)", "missing_input",
+                                  param="messages")
+        completion = body.get("completion", "")
+        cached = body.get("cached_tokens", 0)
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        try:
+            calc = request.app.state.qwen_vllm_ext_calculator
+            if messages is not None:
+                result = calc.calculate_tokens(output_text=completion, messages=messages, cached_tokens=cached,
+                                               tools=body.get("tools"), **kwargs)
+            else:
+                if not isinstance(prompt, str):
+                    raise TypeError(f"prompt must be str, not {type(prompt).__name__}")
+                result = calc.calculate_tokens(input_text=prompt, output_text=completion, cached_tokens=cached)
+        except (TypeError, ValueError) as exc:
+            return error_response(400, str(exc), "invalid_request",
+                                  param="messages" if messages is not None else "prompt")
+        from qwen_v3_calculator.calculator import to_jsonable
+
+        return {"model": body.get("model") or request.app.state.qwen_vllm_ext_served_model, **to_jsonable(result)}

@@ -1,0 +1,90 @@
+"""The public calculator API: calculate_tokens / count_* / Calculator / CLI, bad input."""
+import json
+from decimal import Decimal
+import subprocess
+import sys
+
+import pytest
+
+import qwen_v3_calculator as qc
+from qwen_v3_calculator import Calculator, calculate_tokens, count_chat, count_tokens, count_tokens_batch, encode
+from qwen_v3_calculator.hf_export import write_tokenizer_files
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "请分析这份财报的净利润趋势"}]
+
+
+def test_counts_and_billing_of_text():
+    r = calculate_tokens(input_text="hello world", output_text="你好，世界")
+    assert r["prompt_tokens"] == 2 == len(encode("hello world"))
+    assert r["completion_tokens"] == count_tokens("你好，世界") and r["total_tokens"] == r["prompt_tokens"] + r["completion_tokens"]
+    assert str(r["billing"]["total_units"]) == str(2 + r["completion_tokens"] * qc.BillingPolicy().output_weight)
+    assert count_tokens_batch(["hello world", "", "a"]) == [2, 0, 1]
+
+
+def test_billing_sanitizes_but_encode_does_not():
+    assert calculate_tokens(input_text="hello\u200b world")["prompt_tokens"] == 2
+    assert calculate_tokens(input_text="hello\u200b world")["sanitized_chars"] == 1
+    assert len(encode("hello\u200b world")) > 2
+
+
+def test_messages_use_the_exact_chat_count():
+    r = calculate_tokens(messages=CHAT, output_text="ok")
+    assert r["prompt_tokens"] == count_chat(CHAT)
+    assert count_chat([{"role": "user", "content": "hi"}]) == 9  # what vLLM reports on the demo server
+
+
+def test_system_exclusion_and_field_report_preset():
+    calc = Calculator(policy=qc.BillingPolicy(exclude_system=True))
+    r = calc.calculate_tokens(messages=CHAT)
+    assert r["billing"]["billed_prompt_tokens"] == count_chat(CHAT[1:]) < r["prompt_tokens"]
+    report = Calculator(policy="field-report").calculate_tokens(messages=CHAT)
+    assert report["prompt_tokens"] == count_tokens("user: 请分析这份财报的净利润趋势\n")
+
+
+def test_calculator_from_tokenizer_files(tmp_path):
+    write_tokenizer_files(tmp_path, "qwen3", chat_template="x")
+    calc = Calculator(tokenizer=tmp_path)
+    assert calc.template == "qwen3" and calc.encode("hello world") == [14990, 1879]
+    assert Calculator(tokenizer=tmp_path / "tokenizer.json").count_tokens("hello world") == 2
+
+
+def test_bad_input_is_named():
+    with pytest.raises(TypeError, match="input_text must be str, not int"):
+        calculate_tokens(input_text=5)
+    with pytest.raises(TypeError, match="text must be str, not NoneType"):
+        count_tokens(None)
+    with pytest.raises(TypeError, match=r"texts\[1\] must be str, not int"):
+        count_tokens_batch(["a", 3])
+    with pytest.raises(ValueError, match="messages"):
+        calculate_tokens(messages="hi")
+    with pytest.raises(ValueError, match=r"1.*role"):
+        count_chat([{"role": "user", "content": "a"}, {"content": "b"}])
+    with pytest.raises(ValueError, match=r"0.*content"):
+        count_chat([{"role": "user", "content": 5}])
+    with pytest.raises(ValueError, match=r"0.*role"):
+        count_chat([{"role": "wizard", "content": "x"}])
+
+
+def cli(*args, stdin=""):
+    return subprocess.run([sys.executable, "-m", "qwen_v3_calculator", *args], input=stdin, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli(tmp_path):
+    assert cli("count", stdin="hello world").stdout.strip() == "2"
+    out = json.loads(cli("count", "--json", stdin="hello world").stdout)
+    assert out["prompt_tokens"] == 2 and Decimal(out["billing"]["total_units"]) == 2
+    chat = tmp_path / "chat.json"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+    assert cli("chat", str(chat)).stdout.strip() == "9"
+    chat.write_text("{not json")
+    bad = cli("chat", str(chat))
+    assert bad.returncode == 2 and "error" in bad.stderr
+    missing = cli("count", str(tmp_path / "nope.txt"))
+    assert missing.returncode == 2 and "nope.txt" in missing.stderr
+
+
+def test_missing_compiled_core_says_how_to_build():
+    code = "import sys; sys.modules['qwen_v3_calculator._core'] = None\nimport qwen_v3_calculator"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "compiled core is missing" in proc.stderr and "pip install" in proc.stderr
