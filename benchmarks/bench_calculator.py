@@ -1,0 +1,1117 @@
+#!/usr/bin/env python
+"""Throughput, load time, memory and agreement of Qwen3 token counters, side by side in one run.
+
+Compared on one pinned CPU core, over a mixed zh/en/code corpus built from text found on this machine:
+
+* ``ours``      -- ``qwen_v3_calculator`` (Cython): module-level ``count_tokens`` (the headline row),
+                   ``Tokenizer.count``, ``Tokenizer.count_batch`` and ``Tokenizer.encode``;
+* ``tiktoken``  -- configured exactly like the reference: the bundled Qwen ranks, Qwen's split regex, the Qwen3
+                   added tokens split out first (``allowed_special="all"`` semantics), and NFC per segment
+                   between added tokens (``unicodedata.normalize``: *Python's* Unicode tables);
+* ``hf``        -- HuggingFace ``tokenizers`` with the Qwen3 ``tokenizer.json`` (the reference for agreement):
+                   ``encode`` per document and ``encode_batch``;
+* ``bpe-qwen``  -- if installed (``--try-bpe-qwen`` pip-installs it first); its ``QwenTokenizer.encode``
+                   over ``vocab.json``/``merges.txt`` (it has no count-only call).
+
+Slices, all disjoint (same sources): ``mixed`` (``--size-mb``, a third each of zh, en and code documents,
+shuffled), ``zh``, ``en``, ``code`` (a third of ``--size-mb`` each; documents of 1-16 KB cut at line boundaries)
+and ``chat`` (short messages <= 300 characters from held-out text, one call per message, reported as calls/s).
+Each implementation runs in a fresh subprocess: load, a warm-up over held-out text, then for each slice in that
+order a timed first pass (the headline figures: text this process has not seen, so no cache has seen it either;
+caches do hold what earlier slices left, as in a long-running gateway) and a repeat pass ("warm": caches have
+seen every document). This is done in ``--trials`` independent fresh processes (default 3, ``--quick`` 2) and
+the fastest first pass is kept, to damp interference from other processes on the machine. Load time and RSS after
+load come from all those processes (fresh process, warm OS page cache); peak RSS from one more fresh process per
+implementation that counts the mixed corpus the way a gateway would (results dropped, not kept). Passes are timed
+by the pinned process's CPU time by default (``--clock wall`` for wall clock; both go to the JSON).
+
+Text sources (seeded selection, deduplicated): zh -- /work/shared/field-reports, vim's Chinese tutor, the Chinese
+Rust by Example (rustup docs) and the msgstr texts of zh_* gettext catalogs; en -- licences, METADATA and docs in
+site-packages, /usr/share/common-licenses, /usr/share/doc, the rustup mdBooks; code -- Python, Cython, C/C++ and
+other sources in site-packages. Missing sources shrink a slice (reported), they do not fail the run.
+
+    .venv/bin/python benchmarks/bench_calculator.py            # ~4 MB mixed corpus, < 5 minutes
+    .venv/bin/python benchmarks/bench_calculator.py --quick    # small corpus, < 1 minute
+
+Writes ``benchmarks/results/bench_calculator.json`` (and a PNG when matplotlib is importable).
+"""
+from __future__ import annotations
+
+import argparse
+import array
+import gc
+import glob
+import hashlib
+import html
+import json
+import math
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+SEED = 20250611
+SLICES = ("mixed", "zh", "en", "code", "chat")
+TEXT_SLICES = ("zh", "en", "code")
+HEADLINE = "ours.count_tokens"
+IMPLS = ("ours.count_tokens", "ours.Tokenizer.count", "ours.count_batch", "ours.encode",
+         "tiktoken", "hf.encode", "hf.encode_batch", "bpe-qwen")
+REFERENCE = "hf.encode"
+TARGETS = {"vs_tiktoken_mixed": 3.0, "vs_hf_mixed": 15.0, "load_s": 0.3}
+CJK_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
+
+# --------------------------------------------------------------------------------------------------------------
+# Corpus
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _site_packages() -> list[str]:
+    import site
+    paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
+    return sorted(set(paths))
+
+
+def _read_text(path: str, limit: int = 4_000_000) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit)
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _strip_html(t: str) -> str:
+    m = re.search(r"<main>(.*)</main>", t, re.S)
+    t = m.group(1) if m else t
+    t = re.sub(r"<(script|style)\b.*?</\1>", "", t, flags=re.S | re.I)
+    t = re.sub(r"<br\s*/?>|</p>|</h\d>|</li>|</pre>", "\n", t, flags=re.I)
+    t = html.unescape(re.sub(r"<[^>]+>", "", t))
+    return re.sub(r"\n{3,}", "\n\n", t)
+
+
+def _mo_strings(path: str) -> str | None:
+    """The translations (msgstr) of a gettext catalog that contain CJK text, one per line."""
+    import gettext
+    try:
+        with open(path, "rb") as f:
+            cat = gettext.GNUTranslations(f)._catalog
+    except Exception:
+        return None
+    out = [v for k, v in sorted(cat.items(), key=lambda kv: str(kv[0])) if k and isinstance(v, str)
+           and CJK_RE.search(v)]
+    return "\n".join(out) if out else None
+
+
+def _zh_sources() -> list[tuple[str, str]]:
+    """(label, path) of Chinese text on this machine, most prose-like first."""
+    found: list[tuple[str, str]] = []
+    for p in sorted(glob.glob("/work/shared/field-reports/*.txt")):
+        found.append(("field-reports", p))
+    for p in sorted(glob.glob("/usr/share/vim/vim*/tutor/tutor.zh*.utf-8")):
+        found.append(("vim-tutor", p))
+    rbe = sorted(glob.glob(os.path.expanduser("~/.rustup/toolchains/*/share/doc/rust/html/rust-by-example/zh/print.html")))
+    if rbe:  # stable and nightly carry near-identical copies: take one
+        found.append(("rust-by-example-zh", (sorted(p for p in rbe if "/stable-" in p) or rbe)[0]))
+    mos = set()
+    for pat in ("/usr/share/locale/zh*/LC_MESSAGES/*.mo", "/usr/share/locale-langpack/zh*/LC_MESSAGES/*.mo",
+                "/usr/share/vim/vim*/lang/zh*/LC_MESSAGES/*.mo"):
+        mos.update(glob.glob(pat))
+    for sp in _site_packages():
+        mos.update(glob.glob(os.path.join(sp, "*", "**", "zh*", "LC_MESSAGES", "*.mo"), recursive=True))
+    found += [("gettext-zh-catalogs", p) for p in sorted(mos)]
+    return found
+
+
+def _walk(roots: list[str], exts: tuple[str, ...], names: tuple[str, ...] = ()) -> list[str]:
+    out = []
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for fn in sorted(filenames):
+                low = fn.lower()
+                if low.endswith(exts) or (names and low.startswith(names)):
+                    out.append(os.path.join(dirpath, fn))
+    return out
+
+
+def _english_like(t: str) -> bool:
+    if len(t) < 400:
+        return False
+    n = len(t)
+    ascii_n = sum(1 for c in t if c < "\x80")
+    letters = sum(1 for c in t if c.isalpha())
+    spaces = t.count(" ")
+    return ascii_n / n > 0.98 and letters / n > 0.6 and spaces / n > 0.1
+
+
+def _en_loader(path: str) -> str | None:
+    if path.endswith(".gz"):
+        import gzip
+        try:
+            with gzip.open(path, "rb") as f:
+                return f.read(4_000_000).decode("utf-8")
+        except (OSError, UnicodeDecodeError, EOFError):
+            return None
+    t = _read_text(path)
+    return _strip_html(t) if t is not None and path.endswith(".html") else t
+
+
+def _en_sources() -> list[tuple[str, str]]:
+    found = [("common-licenses", p) for p in sorted(glob.glob("/usr/share/common-licenses/*")) if os.path.isfile(p)]
+    books = sorted(glob.glob(os.path.expanduser("~/.rustup/toolchains/*/share/doc/rust/html/*/print.html")))
+    stable = [p for p in books if "/stable-" in p]
+    found += [("rust-books (mdBook print.html)", p) for p in (stable or books)]
+    for pat in ("/usr/share/doc/*/copyright", "/usr/share/doc/*/README*", "/usr/share/doc/*/NEWS*"):
+        found += [("/usr/share/doc", p) for p in sorted(glob.glob(pat)) if os.path.isfile(p)]
+    sps = _site_packages()
+    for p in _walk(sps, (".md", ".rst", ".txt"), ("license", "licence", "copying", "notice", "readme", "metadata")):
+        label = "site-packages " + ("METADATA" if p.endswith("METADATA") else
+                                    "licences" if re.search(r"/(licen[cs]e|copying|notice)[^/]*$", p, re.I)
+                                    else "docs")
+        found.append((label, p))
+    return found
+
+
+CODE_EXTS = {".py": "python", ".pyi": "python", ".pyx": "cython", ".pxd": "cython", ".h": "c/c++", ".c": "c/c++",
+             ".cc": "c/c++", ".cpp": "c/c++", ".cuh": "c/c++", ".cu": "c/c++", ".hpp": "c/c++", ".js": "js/ts",
+             ".ts": "js/ts", ".rs": "rust", ".go": "go", ".java": "java", ".sh": "shell", ".toml": "config",
+             ".yaml": "config", ".yml": "config"}
+CODE_QUOTA = {"python": 0.6, "c/c++": 0.2}  # the rest: any other language
+EN_QUOTA = {"/usr/share/doc": 0.25, "rust-books (mdBook print.html)": 0.25, "common-licenses": 0.1}
+
+
+def _code_sources() -> list[tuple[str, str]]:
+    return [(CODE_EXTS[os.path.splitext(p)[1]], p) for p in _walk(_site_packages(), tuple(CODE_EXTS))]
+
+
+def _chunks(text: str, rng: random.Random, lo: int = 1024, hi: int = 16384) -> list[str]:
+    """Cut a text into documents of log-uniform 1-16 KB (UTF-8), at line boundaries."""
+    lines = []
+    for ln in text.splitlines(keepends=True):
+        if len(ln.encode("utf-8")) <= hi:
+            lines.append(ln)
+            continue
+        for piece in re.split(r"(?<=[。！？；.!?;])", ln):  # a giant line (e.g. a one-line report): sentences
+            lines += [piece[i:i + hi // 4] for i in range(0, len(piece), hi // 4)]
+    out, cur, cur_b = [], [], 0
+    want = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+    for ln in lines:
+        b = len(ln.encode("utf-8"))
+        cur.append(ln)
+        cur_b += b
+        if cur_b >= want:
+            out.append("".join(cur))
+            cur, cur_b = [], 0
+            want = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+    if cur_b >= lo // 4:
+        out.append("".join(cur))
+    return [c for c in out if c.strip()]
+
+
+def _fill(sources, need_bytes: int, rng: random.Random, loader, per_file: "int | dict | None",
+          quota: dict[str, float] | None = None, check=None):
+    """Chunks from shuffled sources until ``need_bytes``; returns ([(label, path, chunk)], bytes).
+
+    ``quota``: {label: largest share}; labels not named share the rest. Sources skipped for their quota are used
+    afterwards if the others do not fill ``need_bytes``."""
+    sources = list(sources)
+    rng.shuffle(sources)
+    got, total, by_label, seen, deferred = [], 0, {}, set(), []
+
+    def key(label):
+        return label if label in quota else "_other"
+
+    for limited, todo in ((True, sources), (False, deferred)):
+        for label, path in todo:
+            if total >= need_bytes:
+                break
+            if limited and quota is not None:
+                share = quota.get(label, 1.0 - sum(quota.values()))
+                if by_label.get(key(label), 0) >= share * need_bytes:
+                    deferred.append((label, path))
+                    continue
+            text = loader(path)
+            if not text or (check is not None and not check(text)):
+                continue
+            digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).digest()
+            if digest in seen:  # the same licence text in many packages: once
+                continue
+            seen.add(digest)
+            chunks = _chunks(text, rng)
+            cap = per_file.get(label, per_file.get("*")) if isinstance(per_file, dict) else per_file
+            if cap is not None and len(chunks) > cap:
+                chunks = rng.sample(chunks, cap)
+            for c in chunks:
+                got.append((label, path, c))
+                b = len(c.encode("utf-8"))
+                total += b
+                if quota is not None:
+                    by_label[key(label)] = by_label.get(key(label), 0) + b
+    return got, total
+
+
+def _zh_loader(path: str) -> str | None:
+    if path.endswith(".mo"):
+        return _mo_strings(path)
+    t = _read_text(path)
+    if t is None:
+        return None
+    return _strip_html(t) if path.endswith(".html") else t
+
+
+def _chat_messages(pools: dict[str, list[str]], n: int, rng: random.Random) -> list[tuple[str, str]]:
+    """n messages of 8-300 characters starting at a line start of held-out text: zh 40%, en 40%, code 20%."""
+    msgs = []
+    kinds = [k for k in ("zh", "en", "code") if pools.get(k)]
+    weights = [{"zh": 0.4, "en": 0.4, "code": 0.2}[k] for k in kinds]
+    while len(msgs) < n and kinds:
+        kind = rng.choices(kinds, weights)[0]
+        doc = rng.choice(pools[kind])
+        starts = [0] + [m.end() for m in re.finditer("\n", doc) if m.end() < len(doc) - 8]
+        s = rng.choice(starts)
+        length = rng.randint(8, 300)
+        m = doc[s:s + length]
+        if m.strip():
+            msgs.append((kind, m))
+    return msgs
+
+
+def _makeup(items) -> dict:
+    src: dict = {}
+    for label, path, c in items:
+        s = src.setdefault(label, {"bytes": 0, "chars": 0, "docs": 0, "files": set()})
+        s["bytes"] += len(c.encode("utf-8"))
+        s["chars"] += len(c)
+        s["docs"] += 1
+        s["files"].add(path)
+    return {label: {"bytes": v["bytes"], "chars": v["chars"], "docs": v["docs"], "files": len(v["files"]),
+                    "example_paths": sorted(v["files"])[:3]} for label, v in sorted(src.items())}
+
+
+def build_corpus(size_mb: float, n_chat: int, seed: int = SEED) -> dict:
+    """The mixed corpus (size_mb: a third each of zh, en, code documents, shuffled) and, disjoint from it, a zh,
+    an en and a code slice of a third of size_mb each, chat messages and warm-up text, all from the same sources."""
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    per_slice = int(size_mb * 1e6 / 3)
+    warm = max(64_000, per_slice // 20)
+    chat_src = max(200_000, n_chat * 60)
+    need = 2 * per_slice + warm + chat_src
+    pools = {
+        "zh": _fill(_zh_sources(), need, random.Random(rng.random()), _zh_loader, None),
+        "en": _fill(_en_sources(), need, random.Random(rng.random()), _en_loader,
+                    {"*": 4, "rust-books (mdBook print.html)": 25}, quota=EN_QUOTA, check=_english_like),
+        "code": _fill(_code_sources(), need, random.Random(rng.random()), _read_text, 3, quota=CODE_QUOTA),
+    }
+    notes = []
+    slices, mixed_parts, warmup, chat_pool, makeup = {}, {}, [], {}, {}
+    for kind, (items, total) in pools.items():
+        r = random.Random(rng.random())
+        r.shuffle(items)
+        target = per_slice
+        if total < need:  # not enough text of this kind: shrink its share, keep warm-up and chat sources
+            target = max(0, (total - warm - chat_src // 2) // 2)
+            notes.append(f"{kind}: only {total / 1e6:.2f} MB of text found; its mixed share and slice shrunk to "
+                         f"{target / 1e6:.2f} MB each")
+        # items are shuffled, so mixed share, slice, warm-up and chat sources each get a random mix of sources
+        mix, docs, w, rest = [], [], [], []
+        parts, i, acc = [(mix, target), (docs, target), (w, warm), (rest, float("inf"))], 0, 0
+        for it in items:
+            while acc >= parts[i][1]:
+                i, acc = i + 1, 0
+            parts[i][0].append(it)
+            acc += len(it[2].encode("utf-8"))
+        warmup += [it[2] for it in w]
+        chat_pool[kind] = [it[2] for it in rest] or [it[2] for it in w]
+        slices[kind] = [d[2] for d in docs]
+        mixed_parts[kind] = mix
+        makeup[kind] = _makeup(docs)
+    makeup["mixed"] = {kind: _makeup(m) for kind, m in mixed_parts.items()}
+    chat = _chat_messages(chat_pool, n_chat, random.Random(rng.random()))
+    warmup += [m for _, m in _chat_messages(chat_pool, max(50, n_chat // 20), random.Random(rng.random()))]
+    mixed = [it[2] for kind in ("zh", "en", "code") for it in mixed_parts[kind]]
+    random.Random(rng.random()).shuffle(mixed)
+    slices["mixed"] = mixed
+    slices["chat"] = [m for _, m in chat]
+    stats = {}
+    for name in SLICES:
+        docs = slices[name]
+        text_chars = sum(len(d) for d in docs)
+        cjk = sum(len(CJK_RE.findall(d)) for d in docs)
+        stats[name] = {"docs": len(docs), "bytes": sum(len(d.encode("utf-8")) for d in docs), "chars": text_chars,
+                       "cjk_char_share": round(cjk / max(1, text_chars), 3),
+                       "max_doc_chars": max((len(d) for d in docs), default=0)}
+    stats["mixed"]["by_kind"] = {k: {"docs": len(m), "bytes": sum(len(it[2].encode("utf-8")) for it in m),
+                                     "chars": sum(len(it[2]) for it in m)} for k, m in mixed_parts.items()}
+    stats["chat"]["mix"] = {k: sum(1 for kk, _ in chat if kk == k) for k in ("zh", "en", "code")}
+    stats["warmup"] = {"docs": len(warmup), "bytes": sum(len(d.encode("utf-8")) for d in warmup)}
+    digest = hashlib.sha256("\x00".join(slices["mixed"] + slices["chat"]).encode("utf-8", "surrogatepass")).hexdigest()
+    return {"slices": slices, "warmup": warmup, "stats": stats, "makeup": makeup, "notes": notes, "seed": seed,
+            "sha256": digest[:16], "build_s": round(time.perf_counter() - t0, 2)}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Implementations (built inside the worker subprocess)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1])
+    return 0
+
+
+def _hwm_kb() -> int:
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith("VmHWM:"):
+                return int(ln.split()[1])
+    return 0
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def tiktoken_exact(ranks: dict):
+    """tiktoken configured like the reference pipeline: added tokens split first, NFC per segment, Qwen regex."""
+    import unicodedata
+
+    import tiktoken
+    from qwen_v3_calculator.hf_export import ADDED_TOKENS, SPLIT_PATTERN
+
+    special = {content: 151643 + i for i, (content, _) in enumerate(ADDED_TOKENS["qwen3"])}
+    enc = tiktoken.Encoding("qwen3", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+    split = re.compile("(" + "|".join(re.escape(s) for s in sorted(special, key=len, reverse=True)) + ")").split
+    nfc = unicodedata.normalize
+    ordinary = enc.encode_ordinary
+
+    def encode(text: str) -> list[int]:
+        if "<" not in text:  # every added token starts with "<"
+            return ordinary(nfc("NFC", text))
+        out: list[int] = []
+        for i, part in enumerate(split(text)):
+            if i % 2:
+                out.append(special[part])
+            elif part:
+                out.extend(ordinary(nfc("NFC", part)))
+        return out
+
+    # sanity: same output as tiktoken's own allowed_special="all" path on NFC text
+    probe = "hi <|im_start|>user\n你好<think>x</think>"
+    assert encode(probe) == enc.encode(probe, allowed_special="all"), "tiktoken wrapper disagrees with tiktoken"
+    return encode
+
+
+def _load_bpe_qwen():
+    """bpe_qwen's compiled module; loaded directly so its package __init__ (which imports transformers and
+    huggingface_hub) stays out of the load time and memory figures. Falls back to the package import."""
+    import importlib.machinery
+    import importlib.util
+    spec = importlib.util.find_spec("bpe_qwen")
+    if spec is None:
+        raise ImportError("bpe-qwen is not installed (pass --try-bpe-qwen to pip-install it)")
+    for loc in spec.submodule_search_locations or ():
+        for so in glob.glob(os.path.join(loc, "bpe_qwen*.so")):
+            try:
+                loader = importlib.machinery.ExtensionFileLoader("bpe_qwen", so)
+                mspec = importlib.util.spec_from_file_location("bpe_qwen", so, loader=loader)
+                mod = importlib.util.module_from_spec(mspec)
+                loader.exec_module(mod)
+                return mod, "compiled module loaded directly"
+            except Exception:  # pragma: no cover - fall back
+                pass
+    from bpe_qwen import bpe_qwen as mod  # noqa: E402
+    return mod, "package import (pulls in transformers)"
+
+
+def make_impl(name: str, paths: dict):
+    """-> (kind, callable, info) with kind in per_doc_count | per_doc_ids | per_doc_hf | batch_count | batch_hf."""
+    info: dict = {}
+    t0 = time.perf_counter()
+    if name == "ours.count_tokens":
+        import qwen_v3_calculator as q
+        info["import_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        q.count_tokens("hello")  # builds the default Calculator (bundled Qwen3 vocabulary)
+        info["load_s"] = time.perf_counter() - t1
+        info["load_what"] = "first qwen_v3_calculator.count_tokens() call (default Calculator)"
+        return "per_doc_count", q.count_tokens, info
+    if name.startswith("ours."):
+        from qwen_v3_calculator.tokenizer import Tokenizer
+        info["import_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        tok = Tokenizer.bundled("qwen3")
+        info["bundled_s"] = time.perf_counter() - t1
+        tok.count("hello")
+        info["load_s"] = time.perf_counter() - t1
+        info["load_what"] = 'Tokenizer.bundled("qwen3") + first count()'
+        if name == "ours.Tokenizer.count":
+            return "per_doc_count", tok.count, info
+        if name == "ours.count_batch":
+            return "batch_count", tok.count_batch, info
+        if name == "ours.encode":
+            return "per_doc_ids", tok.encode, info
+    if name == "tiktoken":
+        import tiktoken.load
+        from qwen_v3_calculator import VOCAB_FILE
+        info["import_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        # tiktoken's own loader (the parent checked it equals qwen_v3_calculator.bundled_ranks())
+        fn = tiktoken_exact(tiktoken.load.load_tiktoken_bpe(VOCAB_FILE))
+        fn("hello")
+        info["load_s"] = time.perf_counter() - t1
+        info["load_what"] = "tiktoken.load.load_tiktoken_bpe + tiktoken.Encoding + first encode"
+        return "per_doc_ids", fn, info
+    if name.startswith("hf."):
+        import tokenizers
+        info["import_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        tok = tokenizers.Tokenizer.from_file(paths["tokenizer_json"])
+        tok.encode("hello")
+        info["load_s"] = time.perf_counter() - t1
+        info["load_what"] = "tokenizers.Tokenizer.from_file(tokenizer.json) + first encode"
+        info["version"] = tokenizers.__version__
+        if name == "hf.encode":
+            return "per_doc_hf", tok.encode, info
+        return "batch_hf", tok.encode_batch, info
+    if name == "bpe-qwen":
+        mod, how = _load_bpe_qwen()
+        info["import_s"] = time.perf_counter() - t0
+        info["import_how"] = how
+        t1 = time.perf_counter()
+        tok = mod.QwenTokenizer(paths["tokenizer_dir"])
+        tok.encode("hello")
+        info["load_s"] = time.perf_counter() - t1
+        info["load_what"] = "bpe_qwen.QwenTokenizer(dir with vocab.json/merges.txt) + first encode"
+        return "per_doc_ids", tok.encode, info
+    raise ValueError(f"unknown implementation {name!r}")
+
+
+def _run_pass(kind: str, fn, docs: list[str]):
+    """-> (CPU seconds of this process, wall seconds, outputs)."""
+    out: list = []
+    append = out.append
+    c, t = time.process_time(), time.perf_counter()
+    if kind.startswith("batch"):
+        out = fn(docs)
+    else:
+        for d in docs:
+            append(fn(d))
+    return time.process_time() - c, time.perf_counter() - t, out
+
+
+def _ids_of(kind: str, out) -> list[list[int]] | None:
+    if kind in ("per_doc_ids",):
+        return out
+    if kind in ("per_doc_hf", "batch_hf"):
+        return [e.ids for e in out]
+    return None
+
+
+def _hash_ids(ids: list[int]) -> int:
+    return zlib.crc32(array.array("I", ids).tobytes())
+
+
+def worker(args) -> None:
+    with open(args.corpus, encoding="utf-8") as f:
+        corpus = json.load(f)
+    paths = corpus["paths"]
+    gc.collect()
+    rss0 = _rss_kb()
+    hwm_ok = _reset_hwm()
+    res: dict = {"impl": args.worker, "pid": os.getpid(), "cpu_affinity": sorted(os.sched_getaffinity(0)),
+                 "slices": {}}
+    try:
+        kind, fn, info = make_impl(args.worker, paths)
+    except Exception as exc:  # report, do not crash the whole benchmark
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        _dump(args.out, res)
+        return
+    res.update(kind=kind, load=info)
+    res["mem"] = {"rss_after_load_delta_mb": (_rss_kb() - rss0) / 1024}
+    # warm-up on held-out text (never measured)
+    warm = corpus["warmup"]
+    try:
+        _run_pass(kind, fn, warm)
+    except Exception as exc:
+        res["error"] = f"warm-up failed: {type(exc).__name__}: {exc}"
+        _dump(args.out, res)
+        return
+    if args.slices == "@mem":  # peak memory of counting the mixed corpus, outputs dropped as a gateway would
+        total = 0
+        if kind.startswith("batch"):
+            total = sum(x if isinstance(x, int) else len(x) for x in fn(corpus["slices"]["mixed"]))
+        else:
+            for d in corpus["slices"]["mixed"]:
+                x = fn(d)
+                total += x if isinstance(x, int) else len(x)
+        res["mem"]["tokens"] = total
+        res["mem"]["peak_delta_mb"] = (_hwm_kb() - rss0) / 1024 if hwm_ok else None
+        res["mem"]["peak_method"] = ("VmHWM (reset via /proc/self/clear_refs before import) minus RSS before import"
+                                     if hwm_ok else "unavailable")
+        _dump(args.out, res)
+        return
+    for sl in args.slices.split(","):
+        docs = corpus["slices"][sl]
+        gc.collect()
+        gc.disable()
+        try:
+            c1, t1, out = _run_pass(kind, fn, docs)  # first pass: text this process has not seen
+            reps = []
+            for _ in range(max(0, args.passes - 1)):
+                reps.append(_run_pass(kind, fn, docs)[:2])
+        except Exception as exc:
+            gc.enable()
+            res["slices"][sl] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        gc.enable()
+        ids = _ids_of(kind, out)
+        counts = [len(x) for x in ids] if ids is not None else list(out)
+        res["slices"][sl] = {"first_cpu_s": c1, "first_wall_s": t1, "repeat_cpu_s": [r[0] for r in reps],
+                             "repeat_wall_s": [r[1] for r in reps], "counts": counts,
+                             "hashes": [_hash_ids(x) for x in ids] if ids is not None else None}
+        del out, ids
+    _dump(args.out, res)
+
+
+def _dump(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Parent: orchestration, agreement, report
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _idlest_cpu(allowed: list[int], seconds: float = 0.5) -> int:
+    def idle():
+        out = {}
+        with open("/proc/stat") as f:
+            for ln in f:
+                m = re.match(r"cpu(\d+) (.*)", ln)
+                if m:
+                    v = [int(x) for x in m.group(2).split()]
+                    out[int(m.group(1))] = v[3] + (v[4] if len(v) > 4 else 0)
+        return out
+    try:
+        a = idle()
+        time.sleep(seconds)
+        b = idle()
+        return max(allowed, key=lambda c: (b.get(c, 0) - a.get(c, 0), c))
+    except OSError:
+        return allowed[-1]
+
+
+def pin_one_core(cpu: int | None) -> int:
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu = _idlest_cpu(allowed) if cpu is None else cpu
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
+def maybe_install_bpe_qwen(log: list[str]) -> None:
+    try:
+        import importlib.util
+        if importlib.util.find_spec("bpe_qwen") is not None:
+            log.append("bpe-qwen already installed")
+            return
+    except Exception:
+        pass
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "bpe-qwen"], capture_output=True, text=True)
+    log.append("pip install bpe-qwen: " + ("ok" if r.returncode == 0 else "failed: " + (r.stderr or r.stdout)[-300:]))
+
+
+def _spawn(impl: str, slices: list[str], corpus_path: str, passes: int, tmpdir: str, timeout: float,
+           tag: str = "") -> dict:
+    out = os.path.join(tmpdir, f"w-{impl}-{'+'.join(slices)}{tag}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--_worker", impl, "--_slices", ",".join(slices),
+           "--_corpus", corpus_path, "--_out", out, "--_passes", str(passes)]
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="true", PYTHONHASHSEED="0")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"impl": impl, "error": f"timed out after {timeout:.0f} s", "slices": {}}
+    if r.returncode != 0 or not os.path.exists(out):
+        return {"impl": impl, "error": f"worker exit {r.returncode}: {(r.stderr or r.stdout)[-400:]}", "slices": {}}
+    with open(out) as f:
+        return json.load(f)
+
+
+def excerpt(text: str, at: int, width: int = 60) -> str:
+    s = text[max(0, at - 20):at + width - 20]
+    return repr(s)[:width + 12]
+
+
+def find_mismatches(corpus: dict, results: dict, paths: dict, limit: int = 5) -> dict:
+    """Per implementation and slice: documents whose count (or ids, where available) differ from HF encode."""
+    ref = results.get(REFERENCE, {})
+    out: dict = {}
+    hf_tok = None
+    for impl, r in results.items():
+        if impl == REFERENCE or r.get("error"):
+            continue
+        per: dict = {}
+        for sl, sr in r.get("slices", {}).items():
+            rr = ref.get("slices", {}).get(sl)
+            if not rr or "counts" not in rr or "counts" not in sr:
+                continue
+            bad = [i for i, (a, b) in enumerate(zip(sr["counts"], rr["counts"])) if a != b]
+            bad_ids = []
+            if sr.get("hashes") and rr.get("hashes"):
+                bad_ids = [i for i, (a, b) in enumerate(zip(sr["hashes"], rr["hashes"]))
+                           if a != b and sr["counts"][i] == rr["counts"][i]]
+            items = []
+            for i in (bad + bad_ids)[:limit]:
+                doc = corpus["slices"][sl][i]
+                item = {"doc": i, "count": sr["counts"][i], "ref_count": rr["counts"][i],
+                        "ids_only": i in bad_ids, "excerpt": excerpt(doc, 0)}
+                try:  # locate the first differing token with the reference's offsets
+                    import tokenizers
+                    if hf_tok is None:
+                        hf_tok = tokenizers.Tokenizer.from_file(paths["tokenizer_json"])
+                    enc = hf_tok.encode(doc)
+                    other = _diag_ids(impl, doc, paths)
+                    if other is not None:
+                        j = next((k for k, (a, b) in enumerate(zip(other, enc.ids)) if a != b),
+                                 min(len(other), len(enc.ids)))
+                        at = enc.offsets[j][0] if j < len(enc.offsets) else len(doc)
+                        item["first_diff_token"] = j
+                        item["excerpt"] = excerpt(doc, at)
+                        item["ours_ids"] = other[j:j + 4]
+                        item["ref_ids"] = enc.ids[j:j + 4]
+                except Exception as exc:  # diagnostics only
+                    item["diag_error"] = str(exc)
+                items.append(item)
+            per[sl] = {"docs": len(sr["counts"]), "count_mismatches": len(bad), "id_only_mismatches": len(bad_ids),
+                       "examples": items}
+        out[impl] = per
+    return out
+
+
+_DIAG: dict = {}
+
+
+def _diag_ids(impl: str, doc: str, paths: dict):
+    if impl.startswith("ours."):
+        if "ours" not in _DIAG:
+            from qwen_v3_calculator.tokenizer import Tokenizer
+            _DIAG["ours"] = Tokenizer.bundled("qwen3").encode
+        return _DIAG["ours"](doc)
+    if impl == "tiktoken":
+        if "tt" not in _DIAG:
+            import qwen_v3_calculator
+            _DIAG["tt"] = tiktoken_exact(qwen_v3_calculator.bundled_ranks())
+        return _DIAG["tt"](doc)
+    if impl == "hf.encode_batch":
+        return None
+    if impl == "bpe-qwen":
+        if "bq" not in _DIAG:
+            _DIAG["bq"] = _load_bpe_qwen()[0].QwenTokenizer(paths["tokenizer_dir"]).encode
+        return _DIAG["bq"](doc)
+    return None
+
+
+def summarize(corpus: dict, results: dict, clock: str = "cpu") -> dict:
+    st = corpus["stats"]
+    summary: dict = {}
+    for impl, r in results.items():
+        row: dict = {"error": r.get("error")}
+        for sl in SLICES:
+            sr = r.get("slices", {}).get(sl)
+            if not sr or "first_cpu_s" not in sr:
+                row[sl] = {"error": (sr or {}).get("error", r.get("error") or "not run")}
+                continue
+            b, n, toks = st[sl]["bytes"], st[sl]["docs"], sum(sr["counts"])
+            t1, tw = sr[f"first_{clock}_s"], sr["first_wall_s"]
+            tb = min([t1] + sr[f"repeat_{clock}_s"])
+            tr = sr.get(f"trials_{clock}_s") or [t1]
+            row[sl] = {"clock": clock, "seconds": t1, "MB_s": b / 1e6 / t1, "tokens_s": toks / t1, "calls_s": n / t1,
+                       "tokens": toks, "trials_seconds": tr, "spread": max(tr) / min(tr),
+                       "wall_seconds": tw, "wall_MB_s": b / 1e6 / tw, "wall_calls_s": n / tw,
+                       "trials_wall_seconds": sr.get("trials_wall_s"), "cpu_seconds": sr["first_cpu_s"],
+                       "warm_seconds": tb, "warm_MB_s": b / 1e6 / tb, "warm_calls_s": n / tb}
+        summary[impl] = row
+    return summary
+
+
+def _loads(worker_results: list[dict]) -> dict:
+    out: dict = {}
+    for r in worker_results:
+        if r.get("error") and "load" not in r:
+            continue
+        d = out.setdefault(r["impl"], {"load_s": [], "import_s": [], "bundled_s": [], "rss_mb": [], "peak_mb": []})
+        ld = r.get("load", {})
+        d["load_s"].append(ld.get("load_s"))
+        d["import_s"].append(ld.get("import_s"))
+        if "bundled_s" in ld:
+            d["bundled_s"].append(ld["bundled_s"])
+        d["what"] = ld.get("load_what")
+        if "import_how" in ld:
+            d["import_how"] = ld["import_how"]
+        m = r.get("mem", {})
+        d["rss_mb"].append(m.get("rss_after_load_delta_mb"))
+        if m.get("peak_delta_mb") is not None:
+            d["peak_mb"].append(m["peak_delta_mb"])
+    for d in out.values():
+        for k in ("load_s", "import_s", "bundled_s", "rss_mb", "peak_mb"):
+            vals = [v for v in d[k] if v is not None]
+            d[k] = {"median": statistics.median(vals), "min": min(vals), "n": len(vals)} if vals else None
+    return out
+
+
+def _f(x, fmt="{:.2f}", na="-"):
+    return na if x is None else fmt.format(x)
+
+
+def report(corpus, summary, loads, mism, meta) -> tuple[str, dict]:
+    L = []
+    st = corpus["stats"]
+    L.append(f"Qwen3 token counting benchmark - one core (cpu {meta['cpu']}), Python {meta['python']}, "
+             f"{'quick' if meta['quick'] else 'full'} run, seed {corpus['seed']}, corpus sha256:{corpus['sha256']}")
+    L.append(f"load average at start/end: {meta['loadavg_start']} / {meta['loadavg']}   ({os.cpu_count()} CPUs; "
+             "other processes on this machine add noise)")
+    L.append("")
+    L.append("Corpus (UTF-8 MB = 10^6 bytes; documents 1-16 KB cut at line boundaries; chat = messages <= 300 chars)")
+    L.append(f"  {'slice':<6} {'docs':>6} {'bytes':>10} {'chars':>10} {'CJK share':>9}  sources (bytes)")
+    for sl in SLICES:
+        s = st[sl]
+        if sl == "mixed":
+            src = " + ".join(f"{k} {v['bytes'] / 1e6:.2f} MB/{v['docs']} docs" for k, v in s["by_kind"].items()) \
+                + "; disjoint from the slices below, same sources"
+        elif sl in corpus["makeup"]:
+            src = ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB/{v['files']} files"
+                            for k, v in sorted(corpus["makeup"][sl].items(), key=lambda kv: -kv[1]["bytes"]))
+        elif sl == "chat":
+            src = "held-out zh/en/code text: " + ", ".join(f"{k} {v}" for k, v in s["mix"].items()) + " messages"
+        L.append(f"  {sl:<6} {s['docs']:>6} {s['bytes']:>10,} {s['chars']:>10,} {s['cjk_char_share']:>9.2f}  {src}")
+    for n in corpus["notes"]:
+        L.append(f"  note: {n}")
+    L.append("")
+    L.append("Throughput (MB/s = 10^6 UTF-8 bytes/s), first pass over unseen text after a warm-up; slices timed in"
+             " this order in one fresh process per implementation;"
+             f" best of {meta['trials']} trial process(es); timed by {meta['clock'].upper()} time"
+             + (" of the pinned process (robust to other load; 'wall MB/s' = wall clock, best trial)"
+                if meta["clock"] == "cpu" else "") + "; 'warm' = best repeat pass (caches have seen the text)")
+    hdr = (f"  {'implementation':<21} {'mixed MB/s':>10} {'Mtok/s':>7} {'warm MB/s':>9} {'wall MB/s':>9} | {'zh MB/s':>7} "
+           f"{'en MB/s':>7} {'code MB/s':>9} | {'chat kcalls/s':>13} {'chat MB/s':>9}")
+    L.append(hdr)
+    for impl, row in summary.items():
+        if row.get("error"):
+            L.append(f"  {impl:<21} unavailable: {row['error'][:90]}")
+            continue
+        g = lambda sl, k: row[sl].get(k) if isinstance(row.get(sl), dict) else None  # noqa: E731
+        chat_k = g("chat", "calls_s")
+        L.append(f"  {impl:<21} {_f(g('mixed', 'MB_s')):>10} {_f(g('mixed', 'tokens_s') and g('mixed', 'tokens_s') / 1e6):>7} "
+                 f"{_f(g('mixed', 'warm_MB_s')):>9} {_f(g('mixed', 'wall_MB_s')):>9} | {_f(g('zh', 'MB_s')):>7} {_f(g('en', 'MB_s')):>7} "
+                 f"{_f(g('code', 'MB_s')):>9} | {_f(chat_k and chat_k / 1e3, '{:.1f}'):>13} {_f(g('chat', 'MB_s')):>9}"
+                 + ("   (chat: one batch call)" if impl in ("ours.count_batch", "hf.encode_batch") else ""))
+    L.append("")
+    L.append("Tokens/s (millions; first pass) and the spread of first-pass times over the trial processes (max/min,"
+             f" {meta['clock']} time)")
+    L.append(f"  {'implementation':<21} " + " ".join(f"{sl:>7}" for sl in SLICES) + "   spread " +
+             " ".join(f"{sl:>5}" for sl in SLICES))
+    for impl, row in summary.items():
+        if row.get("error"):
+            continue
+        cells = [_f(row[sl].get("tokens_s") and row[sl]["tokens_s"] / 1e6) if isinstance(row.get(sl), dict) else "-"
+                 for sl in SLICES]
+        spread = [_f(row[sl].get("spread"), "{:.2f}") if isinstance(row.get(sl), dict) else "-" for sl in SLICES]
+        L.append(f"  {impl:<21} " + " ".join(f"{c:>7}" for c in cells) + "          " +
+                 " ".join(f"{c:>5}" for c in spread))
+    L.append("")
+    L.append("Load (wall clock in a fresh process, warm OS page cache; median and min over the fresh processes) and"
+             " memory (RSS deltas from before the import; peak while counting the mixed corpus, outputs dropped)")
+    L.append(f"  {'implementation':<21} {'import s':>8} {'load s':>7} {'(min)':>7} {'RSS after load MB':>17} "
+             f"{'peak MB':>8}  load = ")
+    for impl in summary:
+        d = loads.get(impl)
+        if not d:
+            continue
+        bs = f" [Tokenizer.bundled() alone {d['bundled_s']['median']:.3f} s]" if d.get("bundled_s") else ""
+        L.append(f"  {impl:<21} {_f(d['import_s'] and d['import_s']['median'], '{:.3f}'):>8} "
+                 f"{_f(d['load_s'] and d['load_s']['median'], '{:.3f}'):>7} "
+                 f"{_f(d['load_s'] and d['load_s']['min'], '{:.3f}'):>7} "
+                 f"{_f(d['rss_mb'] and d['rss_mb']['median'], '{:.1f}'):>17} "
+                 f"{_f(d['peak_mb'] and d['peak_mb']['median'], '{:.1f}'):>8}  {d.get('what')}{bs}"
+                 + (f" ({d['import_how']})" if d.get("import_how") else ""))
+    L.append("")
+    # ratios of the headline implementation
+    ratios: dict = {}
+    head = summary.get(HEADLINE, {})
+    L.append(f"Ratios: {HEADLINE} vs each (first-pass MB/s; chat: calls/s)")
+    L.append(f"  {'vs':<21} " + " ".join(f"{sl:>7}" for sl in SLICES))
+    for impl, row in summary.items():
+        if impl.startswith("ours.") or row.get("error"):
+            continue
+        vals = {}
+        for sl in SLICES:
+            a, b = head.get(sl, {}), row.get(sl, {})
+            key = "calls_s" if sl == "chat" else "MB_s"
+            vals[sl] = a[key] / b[key] if a.get(key) and b.get(key) else None
+        ratios[impl] = vals
+        L.append(f"  {impl:<21} " + " ".join(f"{_f(vals[sl], '{:.2f}x'):>7}" for sl in SLICES))
+    L.append("")
+    # agreement
+    L.append(f"Agreement with the reference ({REFERENCE}, per document: token count; ids where the API returns ids)")
+    L.append(f"  {'implementation':<21} " + " ".join(f"{sl:>12}" for sl in SLICES))
+    if REFERENCE not in summary or summary[REFERENCE].get("error"):
+        L.append(f"  (reference {REFERENCE} not run: no agreement check)")
+    for impl, per in mism.items():
+        cells = []
+        for sl in SLICES:
+            p = per.get(sl)
+            if not p:
+                cells.append(f"{'-':>12}")
+            elif p["count_mismatches"] or p["id_only_mismatches"]:
+                cells.append(f"{p['count_mismatches']}+{p['id_only_mismatches']}id/{p['docs']}".rjust(12))
+            else:
+                cells.append(f"{'ok ' + str(p['docs']):>12}")
+        L.append(f"  {impl:<21} " + " ".join(cells))
+    listed = 0
+    for impl, per in mism.items():
+        for sl, p in per.items():
+            for ex in p["examples"]:
+                if listed >= 20:
+                    break
+                listed += 1
+                L.append(f"  mismatch {impl} {sl} doc {ex['doc']}: {ex['count']} vs ref {ex['ref_count']}"
+                         + (f" (ids differ, same count)" if ex["ids_only"] else "")
+                         + (f", first diff at token {ex['first_diff_token']}: {ex.get('ours_ids')} vs {ex.get('ref_ids')}"
+                            if "first_diff_token" in ex else "") + f"; near {ex['excerpt']}")
+    L.append("")
+    # targets
+    targets = []
+
+    def tgt(name, ok, detail):
+        targets.append({"target": name, "pass": ok, "detail": detail})
+        L.append(f"  [{'PASS' if ok else ('FAIL' if ok is not None else 'N/A ')}] {name}: {detail}")
+
+    L.append("Targets (headline: " + HEADLINE + ", first pass over unseen text)")
+    hm = head.get("mixed", {}).get("MB_s")
+    tt = summary.get("tiktoken", {}).get("mixed", {}).get("MB_s")
+    r = hm / tt if hm and tt else None
+    tgt(">= 3x tiktoken on the mixed corpus", (r >= TARGETS["vs_tiktoken_mixed"]) if r else None,
+        f"{_f(hm)} vs {_f(tt)} MB/s = {_f(r, '{:.2f}x')}")
+    hfs = [(k, summary.get(k, {}).get("mixed", {}).get("MB_s")) for k in ("hf.encode", "hf.encode_batch")]
+    hfs = [(k, v) for k, v in hfs if v]
+    if hfs and hm:
+        k, v = max(hfs, key=lambda kv: kv[1])
+        r = hm / v
+        tgt(">= 15x HF tokenizers on the mixed corpus (vs the faster HF call)", r >= TARGETS["vs_hf_mixed"],
+            f"{hm:.2f} vs {v:.2f} MB/s ({k}) = {r:.2f}x; " + ", ".join(f"{kk} {hm / vv:.2f}x" for kk, vv in hfs))
+    else:
+        tgt(">= 15x HF tokenizers on the mixed corpus", None, "not measured")
+    worst = []
+    ok = True if head and summary.get("tiktoken") else None
+    for sl in SLICES:
+        key = "calls_s" if sl == "chat" else "MB_s"
+        a = head.get(sl, {}).get(key)
+        b = summary.get("tiktoken", {}).get(sl, {}).get(key)
+        if a and b:
+            worst.append(f"{sl} {a / b:.2f}x")
+            ok = ok and a >= b
+        else:
+            ok = None
+    tgt("not slower than tiktoken on any slice", ok, ", ".join(worst) or "not measured")
+    ld = (loads.get("ours.Tokenizer.count") or loads.get("ours.encode") or loads.get("ours.count_batch")
+          or loads.get(HEADLINE) or {})
+    lv = ld.get("load_s") and ld["load_s"]["median"]
+    cl = loads.get(HEADLINE, {}).get("load_s")
+    tgt("load <= 0.3 s", (lv <= TARGETS["load_s"]) if lv is not None else None,
+        f'{ld.get("what") or "load"}: median {_f(lv, "{:.3f}")} s over '
+        f'{ld["load_s"]["n"] if ld.get("load_s") else 0} fresh processes (import {_f(ld.get("import_s") and ld["import_s"]["median"], "{:.3f}")} s not included); '
+        f'first count_tokens() incl. default Calculator: {_f(cl and cl["median"], "{:.3f}")} s')
+    return "\n".join(L), {"ratios": ratios, "targets": targets}
+
+
+def plot(summary: dict, path: str) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    impls = [k for k, v in summary.items() if not v.get("error")]
+    import matplotlib.ticker  # noqa: F401
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.4))
+    sls = ["mixed", "zh", "en", "code"]
+    w = 0.8 / max(1, len(impls))
+    for i, impl in enumerate(impls):
+        vals = [summary[impl].get(sl, {}).get("MB_s") or 0 for sl in sls]
+        axes[0].bar([j + i * w for j in range(len(sls))], vals, w, label=impl)
+    axes[0].set_xticks([j + 0.4 - w / 2 for j in range(len(sls))], sls)
+    axes[0].set_ylabel("MB/s (one core, first pass)")
+    axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[0].yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[0].legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    axes[0].set_title("Throughput per slice")
+    vals = [(summary[k].get("chat", {}).get("calls_s") or 0) / 1e3 for k in impls]
+    axes[1].barh(impls, vals)
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("thousand calls/s (chat messages <= 300 chars)")
+    axes[1].set_title("Short messages")
+    axes[1].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mb", type=float, default=None, help="mixed corpus size (default 4; --quick: 0.3)")
+    ap.add_argument("--quick", action="store_true", help="small corpus (0.3 MB, 1500 chat messages), 2 trials (< 1 min)")
+    ap.add_argument("--json", default=os.path.join(RESULTS, "bench_calculator.json"), help="JSON output path")
+    ap.add_argument("--try-bpe-qwen", action="store_true", help="pip install bpe-qwen into this environment first")
+    ap.add_argument("--chat", type=int, default=None, help="number of chat messages (default 10000; --quick 1500)")
+    ap.add_argument("--passes", type=int, default=2, help="timed passes per slice and process: the first over "
+                    "unseen text, the rest warm (default 2)")
+    ap.add_argument("--trials", type=int, default=None, help="fresh processes per implementation; the "
+                    "fastest first pass is kept (default 3; --quick 2)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="time the passes by the process's CPU "
+                    "time (default: robust to other load on a shared machine) or by wall-clock time (both are in "
+                    "the JSON)")
+    ap.add_argument("--cpu", type=int, default=None, help="CPU to pin to (default: the idlest allowed one over 0.5 s)")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of: " + ",".join(IMPLS))
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--_worker", help=argparse.SUPPRESS)
+    ap.add_argument("--_slices", help=argparse.SUPPRESS)
+    ap.add_argument("--_corpus", help=argparse.SUPPRESS)
+    ap.add_argument("--_out", help=argparse.SUPPRESS)
+    ap.add_argument("--_passes", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._worker:
+        args.worker, args.slices, args.corpus, args.out, args.passes = (args._worker, args._slices, args._corpus,
+                                                                        args._out, args._passes)
+        worker(args)
+        return 0
+
+    t_start = time.perf_counter()
+    size = args.size_mb if args.size_mb is not None else (0.3 if args.quick else 4.0)
+    n_chat = args.chat if args.chat is not None else (1500 if args.quick else 10000)
+    passes = max(1, args.passes)
+    trials = args.trials if args.trials is not None else (2 if args.quick else 3)
+    cpu = pin_one_core(args.cpu)  # before anything starts threads; workers inherit it
+    loadavg_start = " ".join(open("/proc/loadavg").read().split()[:3])
+    log: list[str] = []
+    if args.try_bpe_qwen:
+        maybe_install_bpe_qwen(log)
+    impls = [i for i in args.impls.split(",") if i]
+    unknown = set(impls) - set(IMPLS)
+    if unknown:
+        ap.error(f"unknown implementations: {sorted(unknown)}")
+
+    corpus = build_corpus(size, n_chat)
+    print(f"corpus built in {corpus['build_s']} s: " + ", ".join(
+        f"{sl} {corpus['stats'][sl]['bytes'] / 1e6:.2f} MB/{corpus['stats'][sl]['docs']} docs" for sl in SLICES),
+        flush=True)
+
+    from qwen_v3_calculator import VOCAB_FILE, bundled_ranks
+    from qwen_v3_calculator.hf_export import write_tokenizer_files
+    import tiktoken.load
+    tmpdir = tempfile.mkdtemp(prefix="bench_calculator-")
+    write_tokenizer_files(tmpdir, "qwen3", chat_template="x")
+    ranks_ok = tiktoken.load.load_tiktoken_bpe(VOCAB_FILE) == bundled_ranks()
+    if not ranks_ok:
+        log.append("WARNING: tiktoken's loader and qwen_v3_calculator.bundled_ranks() disagree")
+    paths = {"tokenizer_json": os.path.join(tmpdir, "tokenizer.json"), "tokenizer_dir": tmpdir}
+    corpus_path = os.path.join(tmpdir, "corpus.json")
+    with open(corpus_path, "w", encoding="utf-8") as f:
+        json.dump({"slices": corpus["slices"], "warmup": corpus["warmup"], "paths": paths}, f, ensure_ascii=False)
+
+    # one fresh process per (trial, implementation) timing every slice in SLICES order; slices hold disjoint
+    # documents, so every first pass is over text that process has not seen.
+    worker_results: list[dict] = []
+    merged: dict = {i: {"impl": i, "slices": {}} for i in impls}
+    for trial in range(trials):
+        k = trial % len(impls)  # rotate the order, so a noisy stretch does not always hit the same implementation
+        for impl in impls[k:] + impls[:k]:
+            if trial and merged[impl].get("error") and not merged[impl]["slices"]:
+                continue  # unavailable: do not retry
+            t = time.perf_counter()
+            r = _spawn(impl, list(SLICES), corpus_path, passes, tmpdir, timeout=600, tag=f"-t{trial}")
+            worker_results.append(r)
+            m = merged[impl]
+            if r.get("error") and not m.get("error"):
+                m["error"] = r["error"]
+            for sl in SLICES:
+                new = r.get("slices", {}).get(sl)
+                old = m["slices"].get(sl)
+                if new and "first_cpu_s" in new:
+                    for clk in ("cpu", "wall"):  # keep the fastest trial, and every warm pass
+                        new[f"trials_{clk}_s"] = (old or {}).get(f"trials_{clk}_s", []) + [new[f"first_{clk}_s"]]
+                        if old and f"first_{clk}_s" in old:
+                            new[f"repeat_{clk}_s"] = old[f"repeat_{clk}_s"] + new[f"repeat_{clk}_s"]
+                            new[f"first_{clk}_s"] = min(old[f"first_{clk}_s"], new[f"first_{clk}_s"])
+                    if old and "counts" in old and (old["counts"] != new["counts"] or old["hashes"] != new["hashes"]):
+                        m.setdefault("nondeterministic", []).append(sl)
+                    m["slices"][sl] = new
+                elif new and not old:
+                    m["slices"][sl] = new
+            done = "error: " + r["error"][:80] if r.get("error") else "ok"
+            print(f"  trial {trial + 1}/{trials} {impl:<21} {time.perf_counter() - t:6.1f} s  {done}", flush=True)
+    for impl in impls:  # peak memory: one more fresh process each, counting the mixed corpus
+        if merged[impl].get("error") and not merged[impl]["slices"]:
+            continue
+        t = time.perf_counter()
+        r = _spawn(impl, ["@mem"], corpus_path, 1, tmpdir, timeout=600)
+        worker_results.append(r)
+        print(f"  memory  {impl:<21} mixed  {time.perf_counter() - t:6.1f} s  "
+              + ("error: " + r["error"][:80] if r.get("error") else "ok"), flush=True)
+    for m in merged.values():  # an implementation that failed everywhere stays an error; partial ones don't
+        if m.get("slices") and any("first_cpu_s" in s for s in m["slices"].values()):
+            m.pop("error", None)
+
+    summary = summarize(corpus, merged, args.clock)
+    loads = _loads(worker_results)
+    mism = find_mismatches(corpus, merged, paths)
+    meta = {"cpu": cpu, "python": sys.version.split()[0], "quick": args.quick, "passes": passes, "trials": trials,
+            "clock": args.clock,
+            "loadavg_start": loadavg_start,
+            "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]), "log": log, "ranks_equal": ranks_ok}
+    text, extra = report(corpus, summary, loads, mism, meta)
+    print()
+    print(text)
+    for ln in log:
+        print("note:", ln)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    png = None if args.no_plot else plot(summary, os.path.splitext(os.path.abspath(args.json))[0] + ".png")
+    versions = {}
+    for mod in ("tokenizers", "tiktoken", "qwen_v3_calculator", "bpe_qwen"):
+        try:
+            from importlib.metadata import version
+            versions[mod] = version({"qwen_v3_calculator": "qwen-vllm-ext", "bpe_qwen": "bpe-qwen"}.get(mod, mod))
+        except Exception:
+            versions[mod] = None
+    out = {"meta": {**meta, "size_mb": size, "n_chat": n_chat, "versions": versions,
+                    "wall_s": round(time.perf_counter() - t_start, 1),
+                    "nfc_note": "tiktoken row normalizes with Python's unicodedata (Unicode "
+                                + __import__("unicodedata").unidata_version + "); HF uses its own tables"},
+           "corpus": {k: corpus[k] for k in ("stats", "makeup", "notes", "seed", "sha256", "build_s")},
+           "summary": summary, "load_memory": loads, "agreement": mism, **extra,
+           "workers": [{k: v for k, v in r.items() if k != "slices"} for r in worker_results]}
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    print(f"\nwrote {args.json}" + (f" and {png}" if png else "") + f"  ({time.perf_counter() - t_start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
