@@ -45,6 +45,26 @@ class Settings:
     allow_unsupported_vllm: bool = False
     """Apply runtime patches even on a vLLM version they were not written for (at your own risk)."""
 
+    # ---- usage ---------------------------------------------------------------------------------
+    per_chunk_usage: bool = True
+    """Every streamed chunk carries cumulative usage (with cached tokens and billing); false = vLLM's stock behaviour."""
+    billing_policy: str = "default"
+    """Billing policy preset of qwen_v3_calculator used for ``usage.billing`` and the ledger."""
+    ledger: bool = True
+    """Record one ledger entry per request (durably, before the response completes)."""
+    ledger_backend: str = "sqlite"
+    """``sqlite`` (a file in data_dir; several API-server processes share it) or ``redis`` (several replicas)."""
+    ledger_redis_url: str = ""
+    """Redis URL for ``ledger_backend=redis``, e.g. ``redis://127.0.0.1:6379/0``."""
+    access_log: str = ""
+    """Path of the stratified JSON-lines access log (empty: off)."""
+    access_log_slow_s: float = 5.0
+    """Latency above which a successful response is "slow" in the access log."""
+    access_log_slow_rate: float = 0.1
+    """Sampling rate of slow successful responses (responses with status >= 400 are always logged)."""
+    access_log_rate: float = 0.01
+    """Sampling rate of the other responses."""
+
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def field_names(cls) -> list[str]:

@@ -20,9 +20,15 @@ logger = logging.getLogger("qwen_vllm_ext")
 PLUGIN_NAME = "qwen_vllm_ext"
 HEALTH_PATH = "/qwen_ext/health"
 
-# Runtime patches, applied in order in every process: (name, apply(settings) -> bool active).
-# Each capability's glue module appends its own entry; an apply must be idempotent.
-RUNTIME_PATCHES: list = []
+
+def runtime_patches() -> list:
+    """Runtime patches: (name, apply(settings) -> bool active, process roles where they apply).
+
+    Each capability's glue module contributes its entries; an apply must be idempotent.
+    """
+    from .usage.server import runtime_patches as usage_patches
+
+    return [*usage_patches()]
 
 _state: dict | None = None
 
@@ -50,8 +56,9 @@ def register_general() -> dict:
         (logger.info if not settings.enabled else logger.warning)("qwen-vllm-ext: %s", reason)
     applied = []
     if allowed:
-        for name, apply in RUNTIME_PATCHES:
-            if apply(settings):
+        role = status.process_role()
+        for name, apply, roles in runtime_patches():
+            if role in roles and apply(settings):
                 applied.append(name)
     _state = {
         "extension_version": __version__,
@@ -81,10 +88,21 @@ class EndpointPlugin:
 
         app.include_router(router)
         counting.attach(app)
+        settings = Settings.current()
+        if "usage_accounting" in register_general()["patches"]:  # the ledger needs the engine hooks
+            from .usage import server as usage_server
+
+            usage_server.attach(app, settings)
 
     async def init_state(self, engine_client, state, args) -> None:
         state.qwen_vllm_ext_settings = Settings.current()
         counting.init_state(state, args)
+
+
+def instance_id() -> str:
+    from .usage.server import instance_id as usage_instance_id
+
+    return usage_instance_id()
 
 
 def health_report() -> dict:
@@ -98,6 +116,7 @@ def health_report() -> dict:
         "patching": local["patching"],
         "patching_reason": local["patching_reason"],
         "features": {"patches": local["patches"]},
+        "instance_id": instance_id(),
         "plugin_loaded_in": roles,
         "processes": processes,
         "settings": Settings.current().public(),

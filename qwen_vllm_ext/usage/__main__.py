@@ -1,0 +1,179 @@
+"""Operator CLI: ``python -m qwen_vllm_ext.usage report [--by key|model|day] [--json|--csv] ...`` and
+``python -m qwen_vllm_ext.usage reconcile --url http://HOST:PORT`` (exit 1 on drift).
+
+The ledger defaults come from the settings (``Settings.current()``): backend ``ledger_backend``
+(``sqlite``), Redis URL ``ledger_redis_url``, SQLite file ``<data_dir>/ledger.sqlite3``; flags override.
+``--days N`` means the current UTC day and the N-1 before it. Subcommands: add a parser in
+:func:`build_parser` and a handler in ``COMMANDS``.
+"""
+from __future__ import annotations
+
+import argparse
+import calendar
+import csv
+import datetime as dt
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+from qwen_vllm_ext.usage.ledger import (DAILY_FIELDS, MICRO, LedgerUnavailable, REPORT_BY, SqliteLedgerStore,
+                                        open_store)
+
+FAILURE = 2
+
+
+def parse_time(text: str) -> float:
+    """ISO 8601 date or datetime (naive = UTC) -> unix seconds."""
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO date/time: {text!r} (e.g. 2025-01-31 or "
+                                         "2025-01-31T12:00:00+00:00)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when.timestamp()
+
+
+def days_since(days: int, now: float | None = None) -> float:
+    """Start (UTC midnight) of the window made of today and the ``days - 1`` days before it."""
+    today = calendar.timegm(time.gmtime(time.time() if now is None else now)[:3] + (0, 0, 0))
+    return float(today - 86400 * (days - 1))
+
+
+def add_store_args(p: argparse.ArgumentParser) -> None:
+    """Flags choosing the ledger (shared with other subcommands)."""
+    p.add_argument("--backend", choices=("sqlite", "redis"), help="ledger backend (default: setting "
+                   "ledger_backend, else sqlite)")
+    p.add_argument("--db", help="SQLite ledger file (default: <data_dir>/ledger.sqlite3)")
+    p.add_argument("--redis-url", help="Redis URL (default: setting ledger_redis_url)")
+
+
+def open_from_args(args: argparse.Namespace):
+    """Open the store the flags (or settings) name; raises LedgerUnavailable with a clear message."""
+    from qwen_vllm_ext.config import Settings
+
+    settings = Settings.current()
+    backend = args.backend or ("redis" if args.redis_url else getattr(settings, "ledger_backend", "sqlite"))
+    if backend == "redis":
+        return open_store("redis", args.redis_url or getattr(settings, "ledger_redis_url", ""))
+    path = args.db or os.path.join(settings.data_dir, "ledger.sqlite3")
+    if not os.path.exists(path):                   # reporting must not create an empty ledger
+        raise LedgerUnavailable(f"no SQLite ledger at {path} (use --db PATH, or --backend redis)")
+    return SqliteLedgerStore(path)
+
+
+def billed(micro: int) -> str:
+    """Exact decimal text of integer micro-units."""
+    sign = "-" if micro < 0 else ""
+    whole, frac = divmod(abs(micro), MICRO)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+def format_table(by: str, rows: list[dict[str, Any]]) -> str:
+    total = {f: sum(r[f] for r in rows) for f in DAILY_FIELDS}
+    head = [by, *DAILY_FIELDS[:-1], "billed"]
+    body = [[str(r[by]) or "-", *(str(r[f]) for f in DAILY_FIELDS[:-1]), billed(r["billed_micro"])]
+            for r in rows]
+    foot = ["TOTAL", *(str(total[f]) for f in DAILY_FIELDS[:-1]), billed(total["billed_micro"])]
+    widths = [max(len(line[i]) for line in [head, *body, foot]) for i in range(len(head))]
+
+    def fmt(line: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(head), rule, *map(fmt, body), rule, fmt(foot)])
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    since = days_since(args.days) if args.days is not None else args.since
+    store = open_from_args(args)
+    try:
+        rows = store.report(by=args.by, since=since, until=args.until)
+    finally:
+        store.close()
+    if args.json:
+        total = {f: sum(r[f] for r in rows) for f in DAILY_FIELDS}
+        print(json.dumps({"by": args.by, "since": since, "until": args.until, "rows": rows, "total": total},
+                         indent=2))
+    elif args.csv:
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow([args.by, *DAILY_FIELDS, "billed"])
+        for r in rows:
+            out.writerow([r[args.by], *(r[f] for f in DAILY_FIELDS), billed(r["billed_micro"])])
+    else:
+        print(format_table(args.by, rows))
+    return 0
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    """Ledger totals vs the server's Prometheus counters since its start; exit 1 on any drift."""
+    from urllib.error import URLError
+
+    from qwen_vllm_ext.usage.reconcile import fetch, reconcile
+
+    try:
+        if not (args.backend or args.db or args.redis_url):  # the ledger the server itself writes to
+            settings = json.loads(fetch(args.url, "/qwen_ext/health"))["settings"]
+            args.backend = settings["ledger_backend"]
+            args.redis_url = settings.get("ledger_redis_url") or None
+            args.db = os.path.join(settings["data_dir"], "ledger.sqlite3")
+        store = open_from_args(args)
+        result = reconcile(args.url, store)
+    except (URLError, OSError, KeyError, ValueError) as exc:
+        print(f"error: cannot reconcile with {args.url}: {exc}", file=sys.stderr)
+        return FAILURE
+    drift = result["drift"]
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(f"instance {result['instance_id']}: {result['ledger']['requests']} ledger records")
+        for name, metric in (("prompt_tokens", "vllm:prompt_tokens_total"),
+                             ("completion_tokens", "vllm:generation_tokens_total")):
+            ledger_key = "engine_prompt_tokens" if name == "prompt_tokens" else name
+            print(f"  {name:18} server {int(result['server'][metric]):>12}  ledger "
+                  f"{int(result['ledger'][ledger_key]):>12}  drift {drift[name]:>+8}")
+    ok = not any(drift.values())
+    print("no drift" if ok else "DRIFT: the ledger and the server disagree", file=sys.stderr)
+    return 0 if ok else 1
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"report": cmd_report, "reconcile": cmd_reconcile}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m qwen_vllm_ext.usage",
+                                     description="Usage ledger tools of qwen-vllm-ext.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="usage and billed units per API key, model or UTC day")
+    rep.add_argument("--by", choices=sorted(REPORT_BY), default="key")
+    window = rep.add_mutually_exclusive_group()
+    window.add_argument("--since", type=parse_time, help="ISO date/time (UTC if no zone); finished_at >= since")
+    window.add_argument("--days", type=int, help="today (UTC) and the N-1 days before")
+    rep.add_argument("--until", type=parse_time, help="ISO date/time; finished_at < until")
+    fmt = rep.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="JSON object: rows and total (billed_micro integers)")
+    fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
+    add_store_args(rep)
+    rec = sub.add_parser("reconcile", help="compare ledger totals with a running server's Prometheus counters")
+    rec.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    rec.add_argument("--json", action="store_true")
+    add_store_args(rec)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "days", None) is not None and args.days < 1:
+        print("error: --days must be at least 1", file=sys.stderr)
+        return FAILURE
+    try:
+        return COMMANDS[args.command](args)
+    except LedgerUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

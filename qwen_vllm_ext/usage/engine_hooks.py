@@ -1,0 +1,83 @@
+"""vLLM glue: report every engine request's final counts from vLLM's output processor to the account book.
+
+The only module of the usage capability that touches vLLM's engine internals (``vllm/v1/engine/output_processor.py``).
+Hooks (in each API-server process; applied idempotently by the general plugin):
+
+* ``OutputProcessor.add_request``               -> ``BOOK.engine_opened(external id)``
+* ``OutputProcessor._update_stats_from_finished`` -> ``BOOK.engine_finished(...)`` (stop, length, error, ...)
+* ``OutputProcessor.abort_requests``            -> ``BOOK.engine_finished(..., "abort")`` for each request it drops
+
+The counts are the ones vLLM's own statistics use (``RequestState.stats.num_generation_tokens``; the prompt
+counts once its first output arrived), so the ledger and ``vllm:*_tokens_total`` agree exactly.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+from .accounting import BOOK, EngineCounts
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "repetition": "stop"}
+_MARK = "_qwen_vllm_ext_usage_hooked"
+
+
+def _counts(req_state, finish: str) -> EngineCounts:
+    stats = req_state.stats
+    if stats is not None:
+        completion = stats.num_generation_tokens
+        arrival = stats.arrival_time
+        ttft = stats.first_token_latency or None
+    else:
+        completion = req_state.detokenizer.num_output_tokens() if req_state.detokenizer is not None else 0
+        arrival, ttft = time.time(), None
+    return EngineCounts(
+        external_id=req_state.external_req_id,
+        prompt_tokens=req_state.prompt_len,
+        prefilled=not req_state.is_prefilling,
+        cached_tokens=req_state.num_cached_tokens,
+        completion_tokens=completion,
+        finish_reason=finish,
+        arrival_time=arrival,
+        first_token_latency=ttft,
+        finished_at=time.time(),
+    )
+
+
+def install(settings=None) -> bool:
+    """Wrap the three OutputProcessor methods (idempotent). Returns True when active."""
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    if getattr(OutputProcessor, _MARK, False):
+        return True
+    add_request = OutputProcessor.add_request
+    finished = OutputProcessor._update_stats_from_finished
+    abort_requests = OutputProcessor.abort_requests
+
+    @functools.wraps(add_request)
+    def add_request_hook(self, request, *args, **kwargs):
+        new = request.request_id not in self.request_states
+        result = add_request(self, request, *args, **kwargs)
+        if new and request.request_id in self.request_states:
+            BOOK.engine_opened(self.request_states[request.request_id].external_req_id)
+        return result
+
+    @functools.wraps(finished)
+    def finished_hook(self, req_state, finish_reason, iteration_stats):
+        BOOK.engine_finished(_counts(req_state, _FINISH.get(str(finish_reason).lower(), "stop")))
+        return finished(self, req_state, finish_reason, iteration_stats)
+
+    @functools.wraps(abort_requests)
+    def abort_hook(self, request_ids, *args, **kwargs):
+        before = dict(self.request_states)
+        aborted = abort_requests(self, request_ids, *args, **kwargs)
+        for rid in aborted:
+            req_state = before.get(rid)
+            if req_state is not None and rid not in self.request_states:
+                BOOK.engine_finished(_counts(req_state, "abort"))
+        return aborted
+
+    OutputProcessor.add_request = add_request_hook
+    OutputProcessor._update_stats_from_finished = finished_hook
+    OutputProcessor.abort_requests = abort_hook
+    setattr(OutputProcessor, _MARK, True)
+    return True

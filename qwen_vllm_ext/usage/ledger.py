@@ -1,0 +1,769 @@
+"""The usage ledger: one durable record per request, exact integer aggregates, group commit.
+
+Pure Python (no vLLM import). Two stores with identical semantics:
+
+* :class:`SqliteLedgerStore` -- the embedded default, one file in the data directory. WAL journal,
+  ``synchronous=FULL``, a busy timeout; every process (``--api-server-count N``) opens its own connection
+  to the same file. Table ``requests`` (one row per request id) and table ``daily`` (per API key id, UTC
+  day of ``finished_at``, model) are updated in the same transaction.
+* :class:`RedisLedgerStore` -- for several replicas: one Lua script per batch (atomic on the server, and
+  written to the AOF as one MULTI/EXEC). ``SET qve:req:<id> <json> NX`` records a request id once; only
+  when newly recorded it is added to the sorted set ``qve:by_finished`` (score ``finished_at``) and the
+  integer aggregates are incremented with HINCRBY: ``qve:daily:<day>:<key>:<model>`` and
+  ``qve:totals:<instance_id>``. Money is integer micro-units everywhere (never INCRBYFLOAT).
+
+Both stores are idempotent: writing a request id that is already present changes nothing, so retries and
+spill replays never double count.
+
+:class:`LedgerWriter` keeps writes off the caller's path: :meth:`LedgerWriter.submit` is O(1) and returns a
+:class:`concurrent.futures.Future`; a dedicated thread drains the queue and commits batches (group commit).
+
+**Durability guarantee.** A record whose future resolved with a result (``True`` = newly recorded,
+``False`` = that request id was already recorded) is durable: with SQLite it is committed in WAL mode with
+``synchronous=FULL`` (fsynced before the commit returns), so it survives ``kill -9`` of any process and a
+power loss; with Redis the server acknowledged the script, so it is durable as far as the server's
+``appendfsync`` setting says (``always``: on disk before the reply). A record whose future has not resolved
+may be lost by a crash -- do not acknowledge it to anyone.
+
+**Failures.** A batch that fails is retried with exponential backoff (``retries`` times) when the error is
+transient (Redis connection/timeout, SQLite "database is locked", OS errors). If it still fails, the records
+are appended to the local spill file ``<spill_dir>/ledger-spill-<pid>.jsonl`` (fsynced) and their futures
+fail with :class:`LedgerWriteError` (``.spilled_to`` names the file, or is ``None`` if even the spill
+failed). Records are never dropped silently: call :meth:`LedgerWriter.replay_spill` at startup (each
+process may; files are claimed by rename) to re-submit every spilled record; thanks to idempotency a record
+that did reach the store before the failure is not counted twice.
+"""
+from __future__ import annotations
+
+import atexit
+import calendar
+import collections
+import concurrent.futures
+import dataclasses
+import glob
+import json
+import logging
+import math
+import os
+import queue
+import sqlite3
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("stop", "length", "client_disconnected", "aborted", "error")
+MICRO = 1_000_000
+_INT_FIELDS = ("http_status", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
+               "engine_prompt_tokens", "billed_prompt_micro", "billed_completion_micro")
+_MAX_INT = 2**63 - 1
+# Aggregates kept per (api key, UTC day, model) and reported by ``report``.
+DAILY_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "billed_micro")
+TOTAL_FIELDS = ("requests", "prompt_tokens", "engine_prompt_tokens", "cached_tokens", "completion_tokens",
+                "reasoning_tokens", "billed_micro")
+REPORT_BY = {"key": "api_key_id", "model": "model", "day": "day"}
+
+
+class LedgerUnavailable(RuntimeError):
+    """The ledger store cannot be opened or reached."""
+
+
+class LedgerWriteError(RuntimeError):
+    """A batch could not be committed after retries; ``spilled_to`` is the spill file (None if spill failed)."""
+
+    def __init__(self, message: str, spilled_to: str | None):
+        super().__init__(message)
+        self.spilled_to = spilled_to
+
+
+def utc_day(ts: float) -> str:
+    """``YYYY-MM-DD`` (UTC) of a unix timestamp."""
+    return time.strftime("%Y-%m-%d", time.gmtime(ts))
+
+
+def _day_start(day: str) -> float:
+    return float(calendar.timegm(time.strptime(day, "%Y-%m-%d")))
+
+
+@dataclasses.dataclass
+class LedgerRecord:
+    """One request as the ledger records it. Billed figures are integer micro-units (units x 10^6)."""
+
+    request_id: str
+    instance_id: str
+    model: str
+    endpoint: str
+    status: str
+    http_status: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    engine_prompt_tokens: int
+    billed_prompt_micro: int
+    billed_completion_micro: int
+    received_at: float
+    finished_at: float
+    ttft_s: float | None
+    latency_s: float
+    streamed: bool
+    api_key_id: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field (also run by the stores before writing)."""
+        for name in ("request_id", "instance_id", "model", "endpoint"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or (name == "request_id" and not value):
+                raise ValueError(f"LedgerRecord.{name} must be a{' non-empty' if name == 'request_id' else ''} "
+                                 f"string, got {value!r}")
+        if self.status not in STATUSES:
+            raise ValueError(f"LedgerRecord.status must be one of {STATUSES}, got {self.status!r}")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_INT:
+                raise ValueError(f"LedgerRecord.{name} must be a non-negative integer, got {value!r}")
+        for name in ("received_at", "finished_at", "ttft_s", "latency_s"):
+            value = getattr(self, name)
+            if value is None and name == "ttft_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"LedgerRecord.{name} must be a non-negative number, got {value!r}")
+            setattr(self, name, float(value))
+        if not isinstance(self.streamed, bool):
+            raise ValueError(f"LedgerRecord.streamed must be a bool, got {self.streamed!r}")
+        if self.api_key_id is not None and not isinstance(self.api_key_id, str):
+            raise ValueError(f"LedgerRecord.api_key_id must be a string or None, got {self.api_key_id!r}")
+
+    @property
+    def billed_total_micro(self) -> int:
+        return self.billed_prompt_micro + self.billed_completion_micro
+
+    @property
+    def day(self) -> str:
+        """UTC day of ``finished_at``: the ``daily`` aggregate this record counts in."""
+        return utc_day(self.finished_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LedgerRecord":
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatibility)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _empty_totals() -> dict[str, Any]:
+    return {**{f: 0 for f in TOTAL_FIELDS}, "by_status": {s: 0 for s in STATUSES}}
+
+
+def _totals_of(records: Iterable[LedgerRecord]) -> dict[str, Any]:
+    out = _empty_totals()
+    for r in records:
+        out["requests"] += 1
+        for f in TOTAL_FIELDS[1:-1]:
+            out[f] += getattr(r, f)
+        out["billed_micro"] += r.billed_total_micro
+        out["by_status"][r.status] += 1
+    return out
+
+
+def _report_rows(by: str, groups: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    return [{by: k, **{f: v[f] for f in DAILY_FIELDS}} for k, v in sorted(groups.items())]
+
+
+def _report_from_records(by: str, records: Iterable[LedgerRecord]) -> list[dict[str, Any]]:
+    groups: dict[str, dict[str, int]] = {}
+    for r in records:
+        k = {"key": r.api_key_id or "", "model": r.model, "day": r.day}[by]
+        g = groups.setdefault(k, dict.fromkeys(DAILY_FIELDS, 0))
+        g["requests"] += 1
+        g["prompt_tokens"] += r.prompt_tokens
+        g["cached_tokens"] += r.cached_tokens
+        g["completion_tokens"] += r.completion_tokens
+        g["billed_micro"] += r.billed_total_micro
+    return _report_rows(by, groups)
+
+
+def _report_from_daily(by: str, daily_rows: Iterable[dict[str, Any]], since: float | None,
+                       until: float | None) -> list[dict[str, Any]]:
+    groups: dict[str, dict[str, int]] = {}
+    for row in daily_rows:
+        start = _day_start(row["day"])
+        if (since is not None and start < since) or (until is not None and start >= until):
+            continue
+        g = groups.setdefault(row[REPORT_BY[by]], dict.fromkeys(DAILY_FIELDS, 0))
+        for f in DAILY_FIELDS:
+            g[f] += int(row[f])
+    return _report_rows(by, groups)
+
+
+def _midnight(ts: float | None) -> bool:
+    return ts is None or ts % 86400 == 0
+
+
+def _check_by(by: str) -> None:
+    if by not in REPORT_BY:
+        raise ValueError(f"report by must be one of {sorted(REPORT_BY)}, got {by!r}")
+
+
+@runtime_checkable
+class LedgerStore(Protocol):
+    """What every ledger backend provides (identical semantics). Time ranges: ``since <= finished_at < until``."""
+
+    url: str
+    default_spill_dir: str | None
+
+    def write_batch(self, records: list[LedgerRecord]) -> int:
+        """Record a batch atomically (all or nothing); returns the number newly recorded. A request id
+        already present (also earlier in the same batch) is ignored: nothing changes, nothing double counts."""
+
+    def write_batch_flags(self, records: list[LedgerRecord]) -> list[bool]:
+        """Like :meth:`write_batch`, one flag per record: True if newly recorded, False if already present."""
+
+    def get(self, request_id: str) -> LedgerRecord | None: ...
+
+    def records(self, since: float | None = None, until: float | None = None,
+                instance_id: str | None = None) -> list[LedgerRecord]:
+        """Records ordered by (finished_at, request_id)."""
+
+    def totals(self, instance_id: str | None = None, since: float | None = None) -> dict[str, Any]:
+        """``requests``, token sums, ``billed_micro`` and ``by_status`` (every status, 0 included)."""
+
+    def report(self, by: str = "key", since: float | None = None, until: float | None = None) -> list[dict]:
+        """One row per key/model/day: ``{by: value, requests, prompt_tokens, cached_tokens,
+        completion_tokens, billed_micro}`` sorted by value (key '' = no API key)."""
+
+    def daily(self, api_key_id: str | None, day: str) -> dict[str, int]:
+        """The exact per-(key, day) aggregate summed over models (zeros when absent)."""
+
+    def close(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------------------------- SQLite
+_COLUMNS = [f.name for f in dataclasses.fields(LedgerRecord)]
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    request_id TEXT PRIMARY KEY, instance_id TEXT NOT NULL, model TEXT NOT NULL, endpoint TEXT NOT NULL,
+    status TEXT NOT NULL, http_status INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, reasoning_tokens INTEGER NOT NULL,
+    engine_prompt_tokens INTEGER NOT NULL, billed_prompt_micro INTEGER NOT NULL,
+    billed_completion_micro INTEGER NOT NULL, received_at REAL NOT NULL, finished_at REAL NOT NULL,
+    ttft_s REAL, latency_s REAL NOT NULL, streamed INTEGER NOT NULL, api_key_id TEXT);
+CREATE INDEX IF NOT EXISTS requests_finished ON requests (finished_at);
+CREATE TABLE IF NOT EXISTS daily (
+    api_key_id TEXT NOT NULL, day TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
+    billed_micro INTEGER NOT NULL, PRIMARY KEY (api_key_id, day, model));
+"""
+_INSERT = (f"INSERT OR IGNORE INTO requests ({', '.join(_COLUMNS)}) "
+           f"VALUES ({', '.join('?' * len(_COLUMNS))})")
+_UPSERT_DAILY = """
+INSERT INTO daily VALUES (?, ?, ?, 1, ?, ?, ?, ?) ON CONFLICT (api_key_id, day, model) DO UPDATE SET
+    requests = requests + 1, prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    cached_tokens = cached_tokens + excluded.cached_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    billed_micro = billed_micro + excluded.billed_micro"""
+
+
+def _row_to_record(row: sqlite3.Row | tuple) -> LedgerRecord:
+    data = dict(zip(_COLUMNS, row))
+    data["streamed"] = bool(data["streamed"])
+    return LedgerRecord(**data)
+
+
+class SqliteLedgerStore:
+    """The embedded ledger: one SQLite file, safe with several processes (each opens its own store)."""
+
+    transient_errors: tuple[type[BaseException], ...] = (sqlite3.OperationalError, OSError)
+
+    def __init__(self, path: str, busy_timeout_s: float = 30.0):
+        self.path = self.url = os.path.abspath(path)
+        self.default_spill_dir = os.path.dirname(self.path)
+        self._lock = threading.Lock()
+        try:
+            os.makedirs(self.default_spill_dir, exist_ok=True)
+            # isolation_level=None: we issue BEGIN IMMEDIATE / COMMIT ourselves.
+            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
+                                       check_same_thread=False)
+            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = FULL")
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for stmt in _SCHEMA.split(";"):
+                        if stmt.strip():
+                            self._db.execute(stmt)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerUnavailable(f"cannot open the SQLite ledger {self.path}: {exc}") from exc
+
+    def write_batch(self, records: list[LedgerRecord]) -> int:
+        return sum(self.write_batch_flags(records))
+
+    def write_batch_flags(self, records: list[LedgerRecord]) -> list[bool]:
+        for r in records:
+            r.validate()
+        out: list[bool] = []
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for r in records:
+                    new = self._db.execute(_INSERT, [getattr(r, c) for c in _COLUMNS]).rowcount == 1
+                    if new:
+                        self._db.execute(_UPSERT_DAILY, (r.api_key_id or "", r.day, r.model, r.prompt_tokens,
+                                                         r.cached_tokens, r.completion_tokens,
+                                                         r.billed_total_micro))
+                    out.append(new)
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+        return out
+
+    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    @staticmethod
+    def _where(since: float | None, until: float | None, instance_id: str | None) -> tuple[str, list]:
+        conds, args = [], []
+        for cond, value in (("finished_at >= ?", since), ("finished_at < ?", until),
+                            ("instance_id = ?", instance_id)):
+            if value is not None:
+                conds.append(cond)
+                args.append(value)
+        return (" WHERE " + " AND ".join(conds)) if conds else "", args
+
+    def get(self, request_id: str) -> LedgerRecord | None:
+        rows = self._query(f"SELECT {', '.join(_COLUMNS)} FROM requests WHERE request_id = ?", (request_id,))
+        return _row_to_record(rows[0]) if rows else None
+
+    def records(self, since=None, until=None, instance_id=None) -> list[LedgerRecord]:
+        where, args = self._where(since, until, instance_id)
+        rows = self._query(f"SELECT {', '.join(_COLUMNS)} FROM requests{where} "
+                           f"ORDER BY finished_at, request_id", args)
+        return [_row_to_record(r) for r in rows]
+
+    def totals(self, instance_id=None, since=None) -> dict[str, Any]:
+        where, args = self._where(since, None, instance_id)
+        out = _empty_totals()
+        for status, n, *sums in self._query(
+                "SELECT status, COUNT(*), SUM(prompt_tokens), SUM(engine_prompt_tokens), SUM(cached_tokens), "
+                "SUM(completion_tokens), SUM(reasoning_tokens), SUM(billed_prompt_micro + "
+                f"billed_completion_micro) FROM requests{where} GROUP BY status", args):
+            out["by_status"][status] = n
+            out["requests"] += n
+            for f, v in zip(TOTAL_FIELDS[1:], sums):
+                out[f] += v
+        return out
+
+    def _daily_rows(self) -> list[dict[str, Any]]:
+        cols = ("api_key_id", "day", "model") + DAILY_FIELDS
+        return [dict(zip(cols, row)) for row in self._query(f"SELECT {', '.join(cols)} FROM daily")]
+
+    def report(self, by="key", since=None, until=None) -> list[dict[str, Any]]:
+        _check_by(by)
+        if _midnight(since) and _midnight(until):      # whole UTC days: the exact daily aggregates suffice
+            return _report_from_daily(by, self._daily_rows(), since, until)
+        return _report_from_records(by, self.records(since, until))
+
+    def daily(self, api_key_id, day) -> dict[str, int]:
+        rows = self._query(f"SELECT {', '.join('SUM(%s)' % f for f in DAILY_FIELDS)} FROM daily "
+                           "WHERE api_key_id = ? AND day = ?", (api_key_id or "", day))
+        return {f: int(v or 0) for f, v in zip(DAILY_FIELDS, rows[0])}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+# ------------------------------------------------------------------------------------------------ Redis
+# ARGV: prefix, then per record: id, json, finished_at, instance, api_key ('' = none), day, model, status,
+# daily hash name (``qve:daily:<day>:<key>:<model>``, ':' and '%' in key/model percent-encoded), prompt,
+# engine_prompt, cached, completion, reasoning, billed_micro. Returns one 0/1 per record.
+# The shebang makes Redis check OOM before the script starts, so a batch is applied entirely or not at all.
+_LUA = """#!lua
+local p = ARGV[1]
+local out = {}
+for i = 2, #ARGV, 15 do
+  local id = ARGV[i]
+  if redis.call('SET', p .. 'req:' .. id, ARGV[i + 1], 'NX') then
+    local inst, key, day, model, status = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
+    local d, prompt, engine, cached, compl, reason, billed =
+      ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14]
+    redis.call('ZADD', p .. 'by_finished', ARGV[i + 2], id)
+    redis.call('HSET', d, 'api_key_id', key, 'day', day, 'model', model)
+    redis.call('HINCRBY', d, 'requests', 1)
+    redis.call('HINCRBY', d, 'prompt_tokens', prompt)
+    redis.call('HINCRBY', d, 'cached_tokens', cached)
+    redis.call('HINCRBY', d, 'completion_tokens', compl)
+    redis.call('HINCRBY', d, 'billed_micro', billed)
+    redis.call('SADD', p .. 'dailies', d)
+    local t = p .. 'totals:' .. inst
+    redis.call('HINCRBY', t, 'requests', 1)
+    redis.call('HINCRBY', t, 'prompt_tokens', prompt)
+    redis.call('HINCRBY', t, 'engine_prompt_tokens', engine)
+    redis.call('HINCRBY', t, 'cached_tokens', cached)
+    redis.call('HINCRBY', t, 'completion_tokens', compl)
+    redis.call('HINCRBY', t, 'reasoning_tokens', reason)
+    redis.call('HINCRBY', t, 'billed_micro', billed)
+    redis.call('HINCRBY', t, 'status:' .. status, 1)
+    redis.call('SADD', p .. 'instances', inst)
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+
+
+class RedisLedgerStore:
+    """The shared ledger on a (single, non-cluster) Redis server; several replicas may write concurrently."""
+
+    def __init__(self, url: str, prefix: str = "qve:", socket_timeout_s: float = 10.0):
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.url, self.prefix, self.default_spill_dir = url, prefix, None
+        self.transient_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                                 redis.exceptions.BusyLoadingError, OSError)
+        try:
+            # Retries are the LedgerWriter's job (with backoff and spill): the client itself tries once.
+            self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=5,
+                                           retry=Retry(NoBackoff(), 0), decode_responses=True)
+            self._r.ping()
+        except (redis.exceptions.RedisError, OSError, ValueError) as exc:
+            raise LedgerUnavailable(f"cannot reach the Redis ledger at {url}: {exc}") from exc
+        self._script = self._r.register_script(_LUA)
+
+    def write_batch(self, records: list[LedgerRecord]) -> int:
+        return sum(self.write_batch_flags(records))
+
+    def _daily_key(self, r: LedgerRecord) -> str:
+        esc = lambda s: s.replace("%", "%25").replace(":", "%3A")   # noqa: E731  keep the key unambiguous
+        return f"{self.prefix}daily:{r.day}:{esc(r.api_key_id or '')}:{esc(r.model)}"
+
+    def write_batch_flags(self, records: list[LedgerRecord]) -> list[bool]:
+        args: list[Any] = [self.prefix]
+        for r in records:
+            r.validate()
+            args += [r.request_id, json.dumps(r.to_dict(), separators=(",", ":")), repr(r.finished_at),
+                     r.instance_id, r.api_key_id or "", r.day, r.model, r.status, self._daily_key(r),
+                     r.prompt_tokens, r.engine_prompt_tokens, r.cached_tokens, r.completion_tokens, r.reasoning_tokens,
+                     r.billed_total_micro]
+        if not records:
+            return []
+        return [bool(x) for x in self._script(args=args)]
+
+    def get(self, request_id: str) -> LedgerRecord | None:
+        blob = self._r.get(self.prefix + "req:" + request_id)
+        return LedgerRecord.from_dict(json.loads(blob)) if blob else None
+
+    def records(self, since=None, until=None, instance_id=None) -> list[LedgerRecord]:
+        lo = "-inf" if since is None else repr(float(since))
+        hi = "+inf" if until is None else "(" + repr(float(until))
+        ids = self._r.zrangebyscore(self.prefix + "by_finished", lo, hi)
+        out = []
+        for i in range(0, len(ids), 1000):
+            for blob in self._r.mget([self.prefix + "req:" + x for x in ids[i:i + 1000]]):
+                if blob:
+                    rec = LedgerRecord.from_dict(json.loads(blob))
+                    if instance_id is None or rec.instance_id == instance_id:
+                        out.append(rec)
+        return out
+
+    def totals(self, instance_id=None, since=None) -> dict[str, Any]:
+        if since is not None:
+            return _totals_of(self.records(since=since, instance_id=instance_id))
+        instances = [instance_id] if instance_id is not None else sorted(self._r.smembers(self.prefix + "instances"))
+        out = _empty_totals()
+        for inst in instances:
+            for field, value in self._r.hgetall(self.prefix + "totals:" + inst).items():
+                if field.startswith("status:"):
+                    out["by_status"][field[7:]] = out["by_status"].get(field[7:], 0) + int(value)
+                else:
+                    out[field] += int(value)
+        return out
+
+    def _daily_rows(self) -> list[dict[str, Any]]:
+        pipe = self._r.pipeline(transaction=False)
+        for key in self._r.smembers(self.prefix + "dailies"):
+            pipe.hgetall(key)
+        return [row for row in pipe.execute() if row]
+
+    def report(self, by="key", since=None, until=None) -> list[dict[str, Any]]:
+        _check_by(by)
+        if _midnight(since) and _midnight(until):
+            return _report_from_daily(by, self._daily_rows(), since, until)
+        return _report_from_records(by, self.records(since, until))
+
+    def daily(self, api_key_id, day) -> dict[str, int]:
+        out = dict.fromkeys(DAILY_FIELDS, 0)
+        for row in self._daily_rows():
+            if row["api_key_id"] == (api_key_id or "") and row["day"] == day:
+                for f in DAILY_FIELDS:
+                    out[f] += int(row[f])
+        return out
+
+    def close(self) -> None:
+        self._r.close()
+
+
+def open_store(backend: str, path_or_url: str) -> SqliteLedgerStore | RedisLedgerStore:
+    """Open the ``sqlite`` (file path) or ``redis`` (URL) store; raises :class:`LedgerUnavailable`."""
+    if backend == "sqlite":
+        return SqliteLedgerStore(path_or_url)
+    if backend == "redis":
+        if not path_or_url:
+            raise LedgerUnavailable("the Redis ledger backend needs a URL (setting ledger_redis_url)")
+        return RedisLedgerStore(path_or_url)
+    raise ValueError(f"unknown ledger backend {backend!r}; expected 'sqlite' or 'redis'")
+
+
+# ----------------------------------------------------------------------------------------------- writer
+_STOP = object()
+
+
+class LedgerWriter:
+    """Group-committing writer thread in front of a store. See the module docstring for the guarantee.
+
+    Metrics: ``last_batch_latency_s``, ``last_batch_size``, ``batches_total``, ``committed_total`` (newly
+    recorded), ``duplicates_total``, ``committed_by_status`` (status -> newly recorded count),
+    ``failed_total``, ``spilled_total``; ``on_batch(latency_s, newly_recorded_records)`` is called from the
+    writer thread after every committed batch (exceptions in it are logged, never raised). A batch whose
+    reply was lost (Redis connection dropped after the server ran it) is retried and then reports those
+    records as duplicates (future result False): they are recorded exactly once all the same.
+    Futures' done-callbacks run on the writer thread: keep them short (asyncio callers: ``asyncio.wrap_future``).
+    """
+
+    def __init__(self, store: LedgerStore, batch_max: int = 256, linger_s: float = 0.005,
+                 spill_dir: str | None = None, retries: int = 4, backoff_s: float = 0.05,
+                 on_batch: Callable[[float, list[LedgerRecord]], None] | None = None):
+        self.store, self.batch_max, self.linger_s = store, batch_max, linger_s
+        self.retries, self.backoff_s, self.on_batch = retries, backoff_s, on_batch
+        if spill_dir is None:
+            spill_dir = getattr(store, "default_spill_dir", None)
+        if spill_dir is None:
+            from qwen_vllm_ext.config import Settings
+            spill_dir = Settings.current().data_dir
+        self.spill_dir = spill_dir
+        self.last_batch_latency_s = 0.0
+        self.last_batch_size = self.batches_total = self.committed_total = self.duplicates_total = 0
+        self.failed_total = self.spilled_total = 0
+        self.committed_by_status: collections.Counter[str] = collections.Counter()
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._submitted = self._done = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="qve-ledger-writer", daemon=True)
+        self._thread.start()
+        ref = weakref.ref(self)
+        self._atexit = lambda: (w := ref()) is not None and w.close(timeout=10.0)
+        atexit.register(self._atexit)
+
+    @property
+    def spill_path(self) -> str:
+        return os.path.join(self.spill_dir, f"ledger-spill-{os.getpid()}.jsonl")
+
+    def submit(self, record: LedgerRecord) -> concurrent.futures.Future:
+        """Queue a record (O(1), never blocks); the future resolves once it is durable (see module doc)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("LedgerWriter is closed")
+            self._submitted += 1
+        self._q.put((record, fut))
+        return fut
+
+    def queue_depth(self) -> int:
+        """Records submitted but not yet committed (or failed)."""
+        return self._submitted - self._done
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything submitted so far is committed or failed (spilled); False on timeout.
+
+        Never call it (nor :meth:`close`, :meth:`replay_spill`) from a future's done-callback: those run
+        on the writer thread."""
+        with self._cond:
+            target = self._submitted
+            return self._cond.wait_for(lambda: self._done >= target, timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush, then stop the thread. Idempotent. False if the flush timed out."""
+        with self._cond:
+            already, self._closed = self._closed, True
+        ok = self.flush(timeout)
+        if not already:
+            self._q.put(_STOP)
+            self._thread.join(timeout)
+            atexit.unregister(self._atexit)
+        return ok
+
+    # -- writer thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is _STOP:
+                return
+            batch, stop = [item], False
+            deadline = time.monotonic() + self.linger_s
+            while len(batch) < self.batch_max:
+                try:
+                    nxt = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                batch.append(nxt)
+            try:
+                self._commit(batch)
+            except BaseException:          # never let the thread die with futures pending
+                log.exception("ledger writer: unexpected error")
+                for _, fut in batch:
+                    _resolve(fut, exc=RuntimeError("ledger writer failed unexpectedly"))
+            with self._cond:
+                self._done += len(batch)
+                self._cond.notify_all()
+            if stop:
+                return
+
+    def _commit(self, batch: list[tuple[LedgerRecord, concurrent.futures.Future]]) -> None:
+        valid = []
+        for record, fut in batch:          # a record that can never be written fails alone, unspilled
+            try:
+                record.validate()
+                valid.append((record, fut))
+            except (ValueError, AttributeError) as exc:
+                self.failed_total += 1
+                _resolve(fut, exc=exc if isinstance(exc, ValueError) else ValueError(str(exc)))
+        if not valid:
+            return
+        batch, records = valid, [r for r, _ in valid]
+        transient = getattr(self.store, "transient_errors", (OSError,))
+        for attempt in range(self.retries + 1):
+            t0 = time.monotonic()
+            try:
+                results = self.store.write_batch_flags(records)
+            except transient as exc:
+                error: BaseException = exc
+                if attempt < self.retries:
+                    time.sleep(self.backoff_s * 2**attempt)
+                    continue
+            except Exception as exc:       # not transient (e.g. a bug): no retry, but spill all the same
+                error = exc
+            else:
+                self._committed(time.monotonic() - t0, batch, results)
+                return
+            break
+        self._fail(batch, error)
+
+    def _committed(self, latency: float, batch, results: list[bool]) -> None:
+        self.last_batch_latency_s, self.last_batch_size = latency, len(batch)
+        self.batches_total += 1
+        new = [r for (r, _), n in zip(batch, results) if n]
+        self.committed_total += len(new)
+        self.duplicates_total += len(batch) - len(new)
+        self.committed_by_status.update(r.status for r in new)
+        if self.on_batch is not None:
+            try:
+                self.on_batch(latency, new)
+            except Exception:
+                log.exception("ledger writer: on_batch callback failed")
+        for (_, fut), n in zip(batch, results):
+            _resolve(fut, result=n)
+
+    def _fail(self, batch, error: BaseException) -> None:
+        records = [r for r, _ in batch]
+        self.failed_total += len(batch)
+        path: str | None = self.spill_path
+        try:
+            _append_jsonl(path, records)
+            self.spilled_total += len(batch)
+            log.error("ledger: %d record(s) could not be written to %s (%s); spilled to %s -- they are "
+                      "replayed at the next start", len(batch), getattr(self.store, "url", "?"), error, path)
+        except OSError as spill_exc:
+            log.critical("ledger: %d record(s) could not be written (%s) NOR spilled to %s (%s): %s",
+                         len(batch), error, path, spill_exc, [r.to_dict() for r in records])
+            path = None
+        exc = LedgerWriteError(f"ledger write failed ({type(error).__name__}: {error}); "
+                               + (f"spilled to {path}" if path else "spill failed too"), path)
+        exc.__cause__ = error
+        for _, fut in batch:
+            _resolve(fut, exc=exc)
+
+    def replay_spill(self, timeout: float | None = 60.0) -> int:
+        """Re-submit every record of ``<spill_dir>/ledger-spill-*.jsonl`` (any pid: call it at startup).
+
+        Each file is first claimed by an atomic rename (so concurrent processes never replay the same file
+        twice) and deleted once all its records are committed; a record that fails again is spilled again.
+        Returns the number of records newly recorded (records already in the store are skipped).
+        """
+        newly = 0
+        for path in sorted(glob.glob(os.path.join(self.spill_dir, "ledger-spill-*.jsonl"))):
+            claimed = f"{path[:-6]}.claimed-{os.getpid()}-{time.monotonic_ns()}.jsonl"
+            try:
+                os.rename(path, claimed)
+            except FileNotFoundError:
+                continue                   # another process claimed it
+            futures = [self.submit(r) for r in _read_jsonl(claimed)]
+            done, pending = concurrent.futures.wait(futures, timeout)
+            ok = not pending and all(f.exception() is None for f in done)
+            newly += sum(1 for f in done if f.exception() is None and f.result())
+            if ok:
+                os.unlink(claimed)
+            else:
+                log.error("ledger: replay of %s incomplete; the file is kept for the next replay", claimed)
+        return newly
+
+
+def _resolve(fut: concurrent.futures.Future, result: Any = None, exc: BaseException | None = None) -> None:
+    try:
+        fut.set_exception(exc) if exc is not None else fut.set_result(result)
+    except concurrent.futures.InvalidStateError:   # cancelled by the caller: the record is still handled
+        pass
+
+
+def _append_jsonl(path: str, records: list[LedgerRecord]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    new = not os.path.exists(path)
+    data = "".join(json.dumps(r.to_dict(), separators=(",", ":")) + "\n" for r in records).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if new:                                        # make the new directory entry durable too
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def _read_jsonl(path: str) -> list[LedgerRecord]:
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                out.append(LedgerRecord.from_dict(json.loads(line)))
+            except (ValueError, TypeError) as exc:  # a torn last line after a crash mid-spill
+                log.warning("ledger: skipping unreadable line %d of %s: %s", n, path, exc)
+    return out

@@ -1,0 +1,202 @@
+"""Pure ASGI middleware: one durable ledger record per API request, committed before the response completes.
+
+For each POST to a tracked endpoint it:
+
+* honours an incoming ``X-Request-ID`` (or generates one), passes it to vLLM (which names the request after
+  it) and returns it as a response header;
+* watches the connection: an ``http.disconnect`` or a failed send means the client went away;
+* before the last body message goes out (the one that ends the response, or the one carrying the SSE
+  ``data: [DONE]``), waits until every engine request of this HTTP request has settled, builds the record
+  from vLLM's own counts (:mod:`.accounting`) and waits until the ledger writer has committed it durably.
+  So a response a client saw complete always has its record, even if the server is killed right after;
+* when the request ends any other way (client gone, error, cancellation), records it all the same.
+
+Starlette's ``BaseHTTPMiddleware`` would break streaming; this is plain ASGI.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import time
+import uuid
+
+from .accounting import BOOK, RequestTotals
+
+logger = logging.getLogger("qwen_vllm_ext.usage")
+
+TRACKED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,128}$")
+SETTLE_TIMEOUT_S = 5.0
+MAX_BODY_KEPT = 16 << 20  # request bytes kept for the record's model name and the access log
+COMMIT_TIMEOUT_S = 30.0
+
+
+def _status(totals: RequestTotals, http_status: int, disconnected: bool) -> str:
+    if totals.finish in ("stop", "length"):
+        return totals.finish
+    if totals.finish == "abort" or (totals.finish is None and disconnected):
+        return "client_disconnected" if disconnected else "aborted"
+    return "error" if totals.finish == "error" or http_status >= 400 or totals.finish is None else "aborted"
+
+
+class UsageLedgerMiddleware:
+    def __init__(self, app, writer, policy, instance_id: str, on_record=None, on_commit=None):
+        self.app = app
+        self.writer = writer
+        self.policy = policy
+        self.instance_id = instance_id
+        self.on_record = on_record  # callback(record, request body) for metrics and the access log
+        self.on_commit = on_commit  # callback(seconds waited for the durable commit)
+        self._in_flight: dict[str, int] = {}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in TRACKED_PATHS:
+            return await self.app(scope, receive, send)
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"x-request-id"]
+        incoming = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"x-request-id"), None)
+        request_id = incoming if incoming and _VALID_ID.match(incoming) else uuid.uuid4().hex
+        # Two concurrent requests reusing one id would share vLLM's request name; keep them apart.
+        engine_id = request_id
+        if request_id in self._in_flight:
+            engine_id = f"{request_id}~{uuid.uuid4().hex[:8]}"
+        self._in_flight[engine_id] = 1
+        headers.append((b"x-request-id", engine_id.encode()))
+        scope = dict(scope, headers=headers)
+        state = {"received_at": time.time(), "http_status": 0, "disconnected": False, "recorded": False,
+                 "streamed": False, "body": bytearray()}
+
+        async def wrapped_receive():
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                state["disconnected"] = True
+            elif message["type"] == "http.request" and len(state["body"]) < MAX_BODY_KEPT:
+                state["body"] += message.get("body", b"")
+            return message
+
+        async def wrapped_send(message):
+            if message["type"] == "http.response.start":
+                state["http_status"] = message["status"]
+                for k, v in message.get("headers", []):
+                    if k.lower() == b"content-type" and v.startswith(b"text/event-stream"):
+                        state["streamed"] = True
+                message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", engine_id.encode())])
+            elif message["type"] == "http.response.body" and not state["recorded"]:
+                final = not message.get("more_body", False) or b"data: [DONE]" in message.get("body", b"")
+                if final and state["http_status"] < 400:
+                    await self._record(scope, engine_id, state)
+            try:
+                await send(message)
+            except OSError:
+                state["disconnected"] = True
+                raise
+
+        try:
+            await self.app(scope, wrapped_receive, wrapped_send)
+        except BaseException:
+            if not state["recorded"]:
+                state["http_status"] = state["http_status"] or 500
+            raise
+        finally:
+            self._in_flight.pop(engine_id, None)
+            if not state["recorded"]:
+                # The request ended without a normal final message (client gone, error, cancellation): record
+                # it in the background; nothing is waiting for an acknowledgement any more.
+                task = asyncio.get_running_loop().create_task(self._record(scope, engine_id, state))
+                task.add_done_callback(_log_failure)
+
+    async def _record(self, scope, engine_id: str, state: dict) -> None:
+        """Build the record from the engine's counts and wait until it is durably committed."""
+        state["recorded"] = True
+        vllm_id = _vllm_request_id(scope)
+        totals = RequestTotals()
+        if vllm_id is not None:
+            await BOOK.wait_settled(vllm_id, SETTLE_TIMEOUT_S)
+            totals = RequestTotals.from_parts(BOOK.collect(vllm_id))
+        body = _parse_body(state["body"])
+        record = self._build_record(scope, engine_id, state, totals, _final_usage(scope), body)
+        started = time.monotonic()
+        newly = await asyncio.wait_for(asyncio.wrap_future(self.writer.submit(record)), COMMIT_TIMEOUT_S)
+        if not newly and not await self._is_ours(record):
+            # The id was recorded before by another request (a client reusing its X-Request-ID): this request
+            # gets its own record rather than being dropped as a duplicate.
+            record = dataclasses.replace(record, request_id=f"{record.request_id}~{uuid.uuid4().hex[:8]}")
+            await asyncio.wait_for(asyncio.wrap_future(self.writer.submit(record)), COMMIT_TIMEOUT_S)
+        if self.on_commit is not None:
+            self.on_commit(time.monotonic() - started)
+        if self.on_record is not None:
+            self.on_record(record, body)
+
+    async def _is_ours(self, record) -> bool:
+        """A duplicate can also be this very record (a store reply lost after the write): compare contents."""
+        existing = await asyncio.to_thread(self.writer.store.get, record.request_id)
+        return existing is not None and existing.to_dict() == record.to_dict()
+
+    def _build_record(self, scope, engine_id, state, totals: RequestTotals, final_usage, body: dict):
+        from .ledger import LedgerRecord
+
+        now = time.time()
+        status = _status(totals, state["http_status"] or 200, state["disconnected"])
+        reasoning = 0
+        if final_usage is not None and getattr(final_usage, "completion_tokens_details", None) is not None:
+            reasoning = final_usage.completion_tokens_details.reasoning_tokens or 0
+        billed_prompt = totals.prompt_tokens if totals.engine_prompt_tokens else 0
+        bill = self.policy.bill(billed_prompt, totals.completion_tokens,
+                                cached_tokens=min(totals.cached_tokens, billed_prompt))
+        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        return LedgerRecord(
+            request_id=engine_id,
+            instance_id=self.instance_id,
+            model=model,
+            endpoint=scope["path"],
+            status=status,
+            http_status=state["http_status"] or (499 if state["disconnected"] else 500),
+            prompt_tokens=totals.prompt_tokens,
+            cached_tokens=totals.cached_tokens,
+            completion_tokens=totals.completion_tokens,
+            reasoning_tokens=reasoning,
+            engine_prompt_tokens=totals.engine_prompt_tokens,
+            billed_prompt_micro=to_micro(bill["prompt_units"]),
+            billed_completion_micro=to_micro(bill["completion_units"]),
+            received_at=state["received_at"],
+            finished_at=now,
+            ttft_s=(totals.first_token_at - state["received_at"]) if totals.first_token_at else None,
+            latency_s=now - state["received_at"],
+            streamed=state["streamed"],
+            api_key_id=(scope.get("state") or {}).get("qwen_api_key_id"),
+        )
+
+
+def to_micro(units) -> int:
+    """Billed units (Decimal) as integer micro-units, rounded half-even."""
+    from decimal import ROUND_HALF_EVEN, Decimal
+
+    return int((units * 1_000_000).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+def _parse_body(raw: bytearray) -> dict:
+    import json
+
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _vllm_request_id(scope) -> str | None:
+    metadata = (scope.get("state") or {}).get("request_metadata")
+    if metadata is not None:
+        return metadata.request_id
+    return None
+
+
+def _final_usage(scope):
+    metadata = (scope.get("state") or {}).get("request_metadata")
+    return getattr(metadata, "final_usage_info", None)
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("qwen-vllm-ext: recording a ledger entry failed", exc_info=task.exception())

@@ -1,0 +1,72 @@
+"""Wiring of the usage capability into a vLLM server (called by the plugin entry points)."""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+
+logger = logging.getLogger("qwen_vllm_ext.usage")
+
+
+def runtime_patches():
+    """(name, apply(settings) -> bool, process roles) for the general plugin.
+
+    Both patch the OpenAI front end (the output processor and the serving classes live in API-server processes).
+    """
+    from . import engine_hooks, stream_usage
+
+    return [
+        ("usage_accounting", lambda s: s.ledger and engine_hooks.install(s), {"api_server"}),
+        ("per_chunk_usage", stream_usage.install, {"api_server"}),
+    ]
+
+
+def instance_id() -> str:
+    """One id per server (shared by its API-server processes): host + the server's instance directory."""
+    from .. import status
+
+    return f"{socket.gethostname()}-{os.path.basename(str(status.instance_dir()))}"
+
+
+def ledger_location(settings) -> str:
+    if settings.ledger_backend == "redis":
+        return settings.ledger_redis_url
+    return os.path.join(settings.data_dir, "ledger.sqlite3")
+
+
+def attach(app, settings) -> None:
+    """Add the ledger middleware (API-server process). Raises when the configured store is unreachable."""
+    if not settings.ledger:
+        return
+    from qwen_v3_calculator.billing import get_policy
+
+    from .access_log import AccessLog, StratifiedSampler
+    from .ledger import LedgerWriter, open_store
+    from .metrics import metrics, observe_record
+    from .middleware import UsageLedgerMiddleware
+
+    os.makedirs(settings.data_dir, exist_ok=True)
+    store = open_store(settings.ledger_backend, ledger_location(settings))
+    writer = LedgerWriter(store, spill_dir=settings.data_dir)
+    writer.replay_spill()
+    atexit.register(writer.close)
+    access_log = None
+    if settings.access_log:
+        from qwen_v3_calculator import default_calculator
+
+        sampler = StratifiedSampler(slow_s=settings.access_log_slow_s, slow_rate=settings.access_log_slow_rate,
+                                    rate=settings.access_log_rate)
+        access_log = AccessLog(settings.access_log, sampler, default_calculator())
+        atexit.register(access_log.close)
+
+    def on_record(record, body):
+        observe_record(record, writer.queue_depth())
+        if access_log is not None:
+            access_log.log(record, body)
+
+    app.add_middleware(UsageLedgerMiddleware, writer=writer, policy=get_policy(settings.billing_policy),
+                       instance_id=instance_id(), on_record=on_record,
+                       on_commit=metrics()["write"].observe)
+    app.state.qwen_ledger_store = store
+    logger.info("qwen-vllm-ext: usage ledger on %s (%s)", settings.ledger_backend, ledger_location(settings))

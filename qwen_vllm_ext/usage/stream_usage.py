@@ -1,0 +1,105 @@
+"""Usage on every streamed chunk (runtime patch of vLLM's OpenAI serving layer).
+
+With the ``per_chunk_usage`` setting on (default):
+
+* vLLM's ``should_include_usage`` is forced to (include_usage, continuous_usage) = (True, True) in the chat and
+  completion serving modules: every chunk carries cumulative ``usage`` and the final ``choices: []`` usage chunk
+  is always sent, whether or not the client asked (``stream_options``);
+* every usage object also gets ``prompt_tokens_details.cached_tokens`` (vLLM puts it on the final usage only)
+  and ``billing``: the billed figures of the calculator's billing policy (exact decimal strings).
+
+Touches vLLM only through the two serving classes' stream generators and their ``should_include_usage`` name
+(``vllm/entrypoints/openai/{chat_completion,completion}/serving.py``).
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+_MARK = "_qwen_vllm_ext_stream_usage"
+
+
+def billing_fields(policy, usage: dict) -> dict:
+    """The ``usage.billing`` object for a (cumulative) usage dict."""
+    from qwen_v3_calculator.calculator import to_jsonable
+
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") or 0
+    bill = policy.bill(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cached_tokens=cached)
+    return to_jsonable(bill)
+
+
+def rewrite_sse(event: str, cached_tokens: int | None, policy) -> str:
+    """Add cached tokens and billing to the ``usage`` of one ``data: {...}\\n\\n`` event (others unchanged)."""
+    if not event.startswith("data: {"):
+        return event
+    body = event[6:].rstrip("\n")
+    try:
+        chunk = json.loads(body)
+    except ValueError:
+        return event
+    usage = chunk.get("usage")
+    if not isinstance(usage, dict):
+        return event
+    if cached_tokens is not None:
+        details = usage.get("prompt_tokens_details") or {}
+        details["cached_tokens"] = cached_tokens
+        usage["prompt_tokens_details"] = details
+    if policy is not None:
+        usage["billing"] = billing_fields(policy, usage)
+    return "data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+
+
+def install(settings) -> bool:
+    """Apply the patch (idempotent); False when the setting is off."""
+    if not settings.per_chunk_usage:
+        return False
+    from qwen_v3_calculator.billing import get_policy
+    from vllm.entrypoints.openai.chat_completion import serving as chat_serving
+    from vllm.entrypoints.openai.completion import serving as completion_serving
+
+    if getattr(chat_serving, _MARK, False):
+        return True
+    policy = get_policy(settings.billing_policy)
+
+    def force_usage(stream_options, enable_force_include_usage):
+        return True, True
+
+    for module in (chat_serving, completion_serving):
+        module.should_include_usage = force_usage
+
+    chat_cls = chat_serving.OpenAIServingChat
+    original_chat = chat_cls.chat_completion_stream_generator
+
+    @functools.wraps(original_chat)
+    async def chat_stream(self, request, result_generator, *args, **kwargs):
+        seen = {}
+
+        async def tap():
+            async for res in result_generator:
+                seen.setdefault("cached", res.num_cached_tokens)
+                yield res
+
+        async for event in original_chat(self, request, tap(), *args, **kwargs):
+            yield rewrite_sse(event, seen.get("cached"), policy)
+
+    completion_cls = completion_serving.OpenAIServingCompletion
+    original_completion = completion_cls.completion_stream_generator
+
+    @functools.wraps(original_completion)
+    async def completion_stream(self, request, engine_inputs, result_generator, *args, **kwargs):
+        cached_by_prompt: dict[int, int] = {}
+
+        async def tap():
+            async for prompt_idx, res in result_generator:
+                cached_by_prompt.setdefault(prompt_idx, res.num_cached_tokens or 0)
+                yield prompt_idx, res
+
+        async for event in original_completion(self, request, engine_inputs, tap(), *args, **kwargs):
+            cached = sum(cached_by_prompt.values()) if cached_by_prompt else None
+            yield rewrite_sse(event, cached, policy)
+
+    chat_cls.chat_completion_stream_generator = chat_stream
+    completion_cls.completion_stream_generator = completion_stream
+    setattr(chat_serving, _MARK, True)
+    return True
