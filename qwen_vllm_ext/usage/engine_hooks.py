@@ -3,9 +3,12 @@
 The only module of the usage capability that touches vLLM's engine internals (``vllm/v1/engine/output_processor.py``).
 Hooks (in each API-server process; applied idempotently by the general plugin):
 
-* ``OutputProcessor.add_request``               -> ``BOOK.engine_opened(external id)``
+* ``OutputProcessor.add_request``               -> ``BOOK.engine_opened(HTTP request key)``; the key is the
+  ledger middleware's context variable, visible here because vLLM adds requests from the HTTP request's tasks
 * ``OutputProcessor._update_stats_from_finished`` -> ``BOOK.engine_finished(...)`` (stop, length, error, ...)
 * ``OutputProcessor.abort_requests``            -> ``BOOK.engine_finished(..., "abort")`` for each request it drops
+
+Engine requests added outside a tracked HTTP request (other endpoints, offline use) are not followed.
 
 The counts are the ones vLLM's own statistics use (``RequestState.stats.num_generation_tokens``; the prompt
 counts once its first output arrived), so the ledger and ``vllm:*_tokens_total`` agree exactly.
@@ -15,10 +18,11 @@ from __future__ import annotations
 import functools
 import time
 
-from .accounting import BOOK, EngineCounts
+from .accounting import BOOK, CURRENT_HTTP_REQUEST, EngineCounts
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "repetition": "stop"}
 _MARK = "_qwen_vllm_ext_usage_hooked"
+_OWNER: dict[str, str] = {}  # vLLM internal request id -> HTTP request key
 
 
 def _counts(req_state, finish: str) -> EngineCounts:
@@ -55,15 +59,19 @@ def install(settings=None) -> bool:
 
     @functools.wraps(add_request)
     def add_request_hook(self, request, *args, **kwargs):
+        key = CURRENT_HTTP_REQUEST.get()
         new = request.request_id not in self.request_states
         result = add_request(self, request, *args, **kwargs)
-        if new and request.request_id in self.request_states:
-            BOOK.engine_opened(self.request_states[request.request_id].external_req_id)
+        if key is not None and new and request.request_id in self.request_states:
+            _OWNER[request.request_id] = key
+            BOOK.engine_opened(key)
         return result
 
     @functools.wraps(finished)
     def finished_hook(self, req_state, finish_reason, iteration_stats):
-        BOOK.engine_finished(_counts(req_state, _FINISH.get(str(finish_reason).lower(), "stop")))
+        key = _OWNER.pop(req_state.request_id, None)
+        if key is not None:
+            BOOK.engine_finished(key, _counts(req_state, _FINISH.get(str(finish_reason).lower(), "stop")))
         return finished(self, req_state, finish_reason, iteration_stats)
 
     @functools.wraps(abort_requests)
@@ -72,8 +80,9 @@ def install(settings=None) -> bool:
         aborted = abort_requests(self, request_ids, *args, **kwargs)
         for rid in aborted:
             req_state = before.get(rid)
-            if req_state is not None and rid not in self.request_states:
-                BOOK.engine_finished(_counts(req_state, "abort"))
+            key = _OWNER.pop(rid, None)
+            if req_state is not None and key is not None and rid not in self.request_states:
+                BOOK.engine_finished(key, _counts(req_state, "abort"))
         return aborted
 
     OutputProcessor.add_request = add_request_hook

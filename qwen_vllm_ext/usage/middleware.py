@@ -22,7 +22,7 @@ import re
 import time
 import uuid
 
-from .accounting import BOOK, RequestTotals
+from .accounting import BOOK, CURRENT_HTTP_REQUEST, RequestTotals
 
 logger = logging.getLogger("qwen_vllm_ext.usage")
 
@@ -65,7 +65,7 @@ class UsageLedgerMiddleware:
         headers.append((b"x-request-id", engine_id.encode()))
         scope = dict(scope, headers=headers)
         state = {"received_at": time.time(), "http_status": 0, "disconnected": False, "recorded": False,
-                 "streamed": False, "body": bytearray()}
+                 "streamed": False, "body": bytearray(), "key": uuid.uuid4().hex}
 
         async def wrapped_receive():
             message = await receive()
@@ -92,6 +92,7 @@ class UsageLedgerMiddleware:
                 state["disconnected"] = True
                 raise
 
+        token = CURRENT_HTTP_REQUEST.set(state["key"])  # inherited by every task vLLM starts for this request
         try:
             await self.app(scope, wrapped_receive, wrapped_send)
         except BaseException:
@@ -99,6 +100,7 @@ class UsageLedgerMiddleware:
                 state["http_status"] = state["http_status"] or 500
             raise
         finally:
+            CURRENT_HTTP_REQUEST.reset(token)
             self._in_flight.pop(engine_id, None)
             if not state["recorded"]:
                 # The request ended without a normal final message (client gone, error, cancellation): record
@@ -109,11 +111,9 @@ class UsageLedgerMiddleware:
     async def _record(self, scope, engine_id: str, state: dict) -> None:
         """Build the record from the engine's counts and wait until it is durably committed."""
         state["recorded"] = True
-        vllm_id = _vllm_request_id(scope)
-        totals = RequestTotals()
-        if vllm_id is not None:
-            await BOOK.wait_settled(vllm_id, SETTLE_TIMEOUT_S)
-            totals = RequestTotals.from_parts(BOOK.collect(vllm_id))
+        await BOOK.wait_settled(state["key"], SETTLE_TIMEOUT_S)
+        totals = RequestTotals.from_parts(BOOK.collect(state["key"]))
+        BOOK.expire()  # counts of requests whose recording failed must not pile up
         body = _parse_body(state["body"])
         record = self._build_record(scope, engine_id, state, totals, _final_usage(scope), body)
         started = time.monotonic()
@@ -180,16 +180,9 @@ def _parse_body(raw: bytearray) -> dict:
 
     try:
         body = json.loads(raw) if raw else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return body if isinstance(body, dict) else {}
-
-
-def _vllm_request_id(scope) -> str | None:
-    metadata = (scope.get("state") or {}).get("request_metadata")
-    if metadata is not None:
-        return metadata.request_id
-    return None
 
 
 def _final_usage(scope):

@@ -11,7 +11,8 @@ import json
 import re
 import urllib.request
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|[+-]Inf)\s*$")
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+'
+                     r'([0-9.eE+-]+|NaN|[+-]Inf)(?:\s+-?\d+)?\s*$')
 COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "completion_tokens": "vllm:generation_tokens_total"}
 
 
@@ -23,7 +24,9 @@ def parse_counters(text: str, names) -> dict[str, float]:
             continue
         m = _SAMPLE.match(line.strip())
         if m and m.group(1) in sums:
-            sums[m.group(1)] += float(m.group(3))
+            value = float(m.group(3))
+            if value == value:  # a NaN sample carries no count
+                sums[m.group(1)] += value
     return sums
 
 

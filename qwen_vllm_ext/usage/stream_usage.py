@@ -29,8 +29,12 @@ def billing_fields(policy, usage: dict) -> dict:
     return to_jsonable(bill)
 
 
-def rewrite_sse(event: str, cached_tokens: int | None, policy) -> str:
-    """Add cached tokens and billing to the ``usage`` of one ``data: {...}\\n\\n`` event (others unchanged)."""
+def rewrite_sse(event: str, cached_tokens, policy) -> str:
+    """Add cached tokens and billing to the ``usage`` of one ``data: {...}\\n\\n`` event (others unchanged).
+
+    ``cached_tokens``: an int, None (leave as is) or a callable ``chunk -> int | None`` for endpoints whose
+    chunks carry per-prompt usage (completions with several prompts). Never more than the chunk's prompt.
+    """
     if not event.startswith("data: {"):
         return event
     body = event[6:].rstrip("\n")
@@ -41,9 +45,11 @@ def rewrite_sse(event: str, cached_tokens: int | None, policy) -> str:
     usage = chunk.get("usage")
     if not isinstance(usage, dict):
         return event
+    if callable(cached_tokens):
+        cached_tokens = cached_tokens(chunk)
     if cached_tokens is not None:
         details = usage.get("prompt_tokens_details") or {}
-        details["cached_tokens"] = cached_tokens
+        details["cached_tokens"] = min(cached_tokens, usage.get("prompt_tokens", 0))
         usage["prompt_tokens_details"] = details
     if policy is not None:
         usage["billing"] = billing_fields(policy, usage)
@@ -95,9 +101,17 @@ def install(settings) -> bool:
                 cached_by_prompt.setdefault(prompt_idx, res.num_cached_tokens or 0)
                 yield prompt_idx, res
 
+        samples = request.n or 1
+
+        def cached_for(chunk):
+            # choice index = prompt index x n + sample; the final choices=[] chunk sums every prompt
+            choices = chunk.get("choices") or []
+            if not choices:
+                return sum(cached_by_prompt.values()) if cached_by_prompt else None
+            return cached_by_prompt.get(choices[0].get("index", 0) // samples)
+
         async for event in original_completion(self, request, engine_inputs, tap(), *args, **kwargs):
-            cached = sum(cached_by_prompt.values()) if cached_by_prompt else None
-            yield rewrite_sse(event, cached, policy)
+            yield rewrite_sse(event, cached_for, policy)
 
     chat_cls.chat_completion_stream_generator = chat_stream
     completion_cls.completion_stream_generator = completion_stream

@@ -1,7 +1,6 @@
 """A real vLLM server started through the launcher, shared by the e2e tests of a session."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -10,17 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from ..redis_server import free_port
+
 STARTUP_TIMEOUT_S = int(os.environ.get("QWEN_VLLM_EXT_TEST_STARTUP_TIMEOUT", "600"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
-    def __init__(self, argv, log_path: Path, env=None):
+    def __init__(self, argv, log_path: Path, env=None, data_dir: Path | None = None):
+        self.data_dir = data_dir
+        if data_dir is not None:
+            argv = ["--qwen-data-dir", str(data_dir), *argv]
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -62,8 +60,7 @@ class Server:
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory):
     """`python -m qwen_vllm_ext.serve` on the demo model (no --model, no GPU) on a free loopback port."""
-    data_dir = tmp_path_factory.mktemp("data")
-    server = Server(["--qwen-data-dir", str(data_dir)], tmp_path_factory.mktemp("logs") / "server.log")
+    server = Server([], tmp_path_factory.mktemp("logs") / "server.log", data_dir=tmp_path_factory.mktemp("data"))
     server.wait_healthy()
     yield server
     server.stop()

@@ -1,0 +1,277 @@
+"""E2E: usage on every streamed chunk and a ledger that agrees with vLLM's own counters (real SQLite, real Redis).
+
+Requests mix streamed runs finished by a stop string or by max_tokens, clients that disconnect after k
+chunks, and non-streamed requests, concurrently. Checks: every chunk has cumulative usage (monotonic, with
+cached tokens and billing), the last chunk equals the ledger record, the ledger sums equal the delta of
+``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total`` exactly, and ``reconcile`` reports no drift.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from qwen_vllm_ext.demo import SERVED_NAME
+from qwen_vllm_ext.usage.ledger import SqliteLedgerStore, open_store
+from qwen_vllm_ext.usage.reconcile import COUNTERS, fetch, parse_counters
+
+from ..redis_server import RedisServer, free_port
+from .conftest import Server
+
+LONG_PROMPT = " ".join(f"Paragraph {i}: the ledger must never lose or double-count a single token." for i in range(30))
+
+
+def counters(server) -> dict:
+    return parse_counters(fetch(server.base_url, "/metrics"), COUNTERS.values())
+
+
+def sse_events(response):
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
+def check_chunk_usage(chunks: list[dict]) -> dict:
+    """Every chunk has cumulative usage, monotonic, with cached tokens and billing; returns the last usage."""
+    assert chunks, "no chunks"
+    previous = -1
+    for chunk in chunks:
+        usage = chunk["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert usage["completion_tokens"] >= previous
+        previous = usage["completion_tokens"]
+        assert "cached_tokens" in usage["prompt_tokens_details"]
+        assert usage["billing"]["policy"] == "default" and usage["billing"]["total_units"]
+    return chunks[-1]["usage"]
+
+
+def stream(client: httpx.Client, body: dict, request_id: str, stop_after: int | None = None) -> list[dict]:
+    chunks = []
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True},
+                       headers={"X-Request-ID": request_id}) as response:
+        assert response.status_code == 200
+        assert response.headers["x-request-id"] == request_id
+        for event in sse_events(response):
+            chunks.append(event)
+            if stop_after is not None and len(chunks) >= stop_after:
+                break  # leaving the block closes the connection mid-stream
+    return chunks
+
+
+def wait_for_records(store, ids, timeout=30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {i: store.get(i) for i in ids}
+        if all(found.values()) or time.monotonic() > deadline:
+            missing = [i for i, r in found.items() if r is None]
+            assert not missing, f"ledger records missing: {missing}"
+            return found
+        time.sleep(0.2)
+
+
+def run_mix(server, store) -> None:
+    base = {"model": SERVED_NAME, "temperature": 0}
+    client = httpx.Client(base_url=server.base_url, timeout=120)
+    sdk = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    tag = uuid.uuid4().hex[:8]
+    before = counters(server)
+
+    def by_length(i):
+        rid = f"len-{tag}-{i}"
+        body = {**base, "messages": [{"role": "user", "content": f"Tell story {i}"}], "max_tokens": 12,
+                "ignore_eos": True}
+        return rid, "length", stream(client, body, rid)
+
+    def by_stop(i):
+        rid = f"stop-{tag}-{i}"
+        # the demo model's greedy answer to "hi" is "buffer forestry...": the stop string " " ends it early
+        body = {**base, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30, "stop": [" "]}
+        return rid, "stop", stream(client, body, rid)
+
+    def disconnect(i):
+        rid = f"disc-{tag}-{i}"
+        body = {**base, "messages": [{"role": "user", "content": f"Go on forever {i}"}], "max_tokens": 1500,
+                "ignore_eos": True}
+        return rid, "client_disconnected", stream(client, body, rid, stop_after=3 + i)
+
+    def non_streamed(i):
+        rid = f"full-{tag}-{i}"
+        resp = client.post("/v1/chat/completions", headers={"X-Request-ID": rid},
+                           json={**base, "messages": [{"role": "user", "content": f"Q{i}"}], "max_tokens": 5,
+                                 "ignore_eos": True})
+        assert resp.status_code == 200 and resp.headers["x-request-id"] == rid
+        return rid, "length", resp.json()["usage"]
+
+    def sdk_stream(i):
+        rid = f"sdk-{tag}-{i}"
+        chunks = list(sdk.chat.completions.create(
+            **base, messages=[{"role": "user", "content": f"SDK {i}"}], max_tokens=7, stream=True,
+            extra_body={"ignore_eos": True}, extra_headers={"X-Request-ID": rid}))
+        assert all(c.usage is not None for c in chunks)  # the SDK sees usage on every chunk, unasked
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 7
+        return rid, "length", [c.model_dump() for c in chunks]
+
+    jobs = [(f, i) for i in range(2) for f in (by_length, by_stop, disconnect, non_streamed, sdk_stream)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(lambda job: job[0](job[1]), jobs))
+
+    records = wait_for_records(store, [rid for rid, _, _ in results])
+    for rid, expected_status, observed in results:
+        record = records[rid]
+        assert record.status == expected_status, (rid, record)
+        if expected_status == "client_disconnected":
+            check_chunk_usage(observed)
+            assert record.completion_tokens >= observed[-1]["usage"]["completion_tokens"]
+            continue
+        usage = observed if isinstance(observed, dict) else check_chunk_usage(observed)
+        if not isinstance(observed, dict):
+            assert observed[-1]["choices"] == []  # the final usage chunk is always sent
+        assert (record.prompt_tokens, record.completion_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])
+        if not isinstance(observed, dict):
+            assert record.cached_tokens == usage["prompt_tokens_details"]["cached_tokens"]
+            billing = usage["billing"]
+            assert record.billed_total_micro == round(float(billing["total_units"]) * 1_000_000)
+
+    after = counters(server)
+    ours = [records[rid] for rid, _, _ in results]
+    assert sum(r.engine_prompt_tokens for r in ours) == after[COUNTERS["prompt_tokens"]] - before[COUNTERS["prompt_tokens"]]
+    assert sum(r.completion_tokens for r in ours) == \
+        after[COUNTERS["completion_tokens"]] - before[COUNTERS["completion_tokens"]]
+
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.usage", "reconcile", "--url", server.base_url],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no drift" in proc.stderr
+
+
+def sqlite_store(server):
+    return SqliteLedgerStore(str(Path(server.data_dir) / "ledger.sqlite3"))
+
+
+def test_mixed_load_sqlite(demo_server):
+    run_mix(demo_server, sqlite_store(demo_server))
+
+
+def test_repeated_prompt_shows_cached_tokens_on_every_chunk(demo_server):
+    client = httpx.Client(base_url=demo_server.base_url, timeout=120)
+    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 6,
+            "ignore_eos": True}
+    stream(client, body, f"warm-{uuid.uuid4().hex[:8]}")
+    rid = f"cached-{uuid.uuid4().hex[:8]}"
+    chunks = stream(client, body, rid)
+    usage = check_chunk_usage(chunks)
+    assert all(c["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 for c in chunks)
+    assert usage["prompt_tokens"] > 256
+    record = wait_for_records(sqlite_store(demo_server), [rid])[rid]
+    assert record.cached_tokens == usage["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_stock_behaviour_setting(tmp_path_factory):
+    """per_chunk_usage=false restores vLLM's behaviour: no usage unless the client asks for it."""
+    server = Server(["--qwen-per-chunk-usage", "false"], tmp_path_factory.mktemp("logs") / "stock.log",
+                    data_dir=tmp_path_factory.mktemp("stock"))
+    try:
+        server.wait_healthy()
+        client = httpx.Client(base_url=server.base_url, timeout=120)
+        body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        chunks = stream(client, body, "stock-1")
+        assert chunks and all("usage" not in c or c["usage"] is None for c in chunks)
+        record = wait_for_records(sqlite_store(server), ["stock-1"])["stock-1"]
+        assert record.completion_tokens == 3  # the ledger still records
+    finally:
+        server.stop()
+
+
+def test_kill_9_loses_no_completed_request_and_restart_keeps_the_ledger(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("killed")
+    logs = tmp_path_factory.mktemp("logs")
+    server = Server([], logs / "kill.log", data_dir=data_dir)
+    server.wait_healthy()
+    completed: list[str] = []
+    stop = threading.Event()
+
+    def load(worker: int):
+        client = httpx.Client(base_url=server.base_url, timeout=30)
+        n = 0
+        while not stop.is_set():
+            rid = f"k{worker}-{n}"
+            n += 1
+            body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": rid}], "max_tokens": 8,
+                    "ignore_eos": True}
+            try:
+                if worker % 2:
+                    stream(client, body, rid)
+                else:
+                    r = client.post("/v1/chat/completions", json=body, headers={"X-Request-ID": rid})
+                    r.raise_for_status()
+            except (httpx.HTTPError, AssertionError):
+                return  # the server is gone
+            completed.append(rid)  # the whole response arrived
+
+    threads = [threading.Thread(target=load, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while len(completed) < 24 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(server.proc.pid, signal.SIGKILL)  # API server, engine core and workers, mid-load
+    server.proc.wait()
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert len(completed) >= 24
+    store = SqliteLedgerStore(str(data_dir / "ledger.sqlite3"))
+    missing = [rid for rid in completed if store.get(rid) is None]
+    assert not missing, f"{len(missing)} completed requests have no ledger record: {missing[:5]}"
+    kept = len(store.records())
+
+    restarted = Server([], logs / "restart.log", data_dir=data_dir)
+    try:
+        restarted.wait_healthy()
+        store = SqliteLedgerStore(str(data_dir / "ledger.sqlite3"))
+        assert all(store.get(rid) is not None for rid in completed)
+        client = httpx.Client(base_url=restarted.base_url, timeout=60)
+        stream(client, {"model": SERVED_NAME, "messages": [{"role": "user", "content": "after"}], "max_tokens": 2},
+               "after-restart")
+        wait_for_records(store, ["after-restart"])
+        assert len(store.records()) >= kept + 1
+    finally:
+        restarted.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    with RedisServer() as redis:
+        yield redis
+
+
+@pytest.fixture(scope="module")
+def redis_ledger_server(redis_server, tmp_path_factory):
+    server = Server(["--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", redis_server.url],
+                    tmp_path_factory.mktemp("logs") / "redis.log", data_dir=tmp_path_factory.mktemp("redisdata"))
+    server.wait_healthy()
+    yield server
+    server.stop()
+
+
+def test_mixed_load_redis(redis_ledger_server, redis_server):
+    run_mix(redis_ledger_server, open_store("redis", redis_server.url))
+
+
+def test_unreachable_redis_refuses_to_start(tmp_path_factory):
+    server = Server(["--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", f"redis://127.0.0.1:{free_port()}/0"],
+                    tmp_path_factory.mktemp("logs") / "noredis.log", data_dir=tmp_path_factory.mktemp("noredis"))
+    try:
+        assert server.proc.wait(timeout=300) != 0
+        assert "redis://127.0.0.1" in server.log_tail(400)
+    finally:
+        server.stop()
