@@ -60,7 +60,9 @@ class Server:
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory):
     """`python -m qwen_vllm_ext.serve` on the demo model (no --model, no GPU) on a free loopback port."""
-    server = Server([], tmp_path_factory.mktemp("logs") / "server.log", data_dir=tmp_path_factory.mktemp("data"))
+    data_dir = tmp_path_factory.mktemp("data")
+    server = Server(["--qwen-access-log", str(data_dir / "access.jsonl")], tmp_path_factory.mktemp("logs") / "server.log",
+                    data_dir=data_dir)
     server.wait_healthy()
     yield server
     server.stop()

@@ -161,6 +161,37 @@ def test_mixed_load_sqlite(demo_server):
     run_mix(demo_server, sqlite_store(demo_server))
 
 
+def test_metrics_and_access_log(demo_server):
+    client = httpx.Client(base_url=demo_server.base_url, timeout=60)
+    bad = client.post("/v1/chat/completions", json={"model": SERVED_NAME, "messages": "not a list"},
+                      headers={"X-Request-ID": "bad-body-1"})
+    assert bad.status_code == 400 and bad.headers["x-request-id"] == "bad-body-1"
+    record = wait_for_records(sqlite_store(demo_server), ["bad-body-1"])["bad-body-1"]
+    assert (record.status, record.http_status, record.prompt_tokens) == ("error", 400, 0)
+    metrics = fetch(demo_server.base_url, "/metrics")
+    assert 'qwen_ext_ledger_records_total{status="error"}' in metrics
+    assert "qwen_ext_billed_units_total" in metrics and "qwen_ext_ledger_commit_wait_seconds_count" in metrics
+    log = Path(demo_server.data_dir) / "access.jsonl"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "bad-body-1" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    line = next(x for x in lines if x["request_id"] == "bad-body-1")  # status >= 400: always logged
+    assert line["stratum"] == "error" and line["sample_weight"] == 1.0 and line["http_status"] == 400
+    assert all(x["stratum"] in ("error", "slow", "normal") for x in lines)
+    assert "not a list" not in log.read_text()  # no request text in the log
+
+
+def test_several_api_server_processes_share_the_sqlite_ledger(tmp_path_factory):
+    server = Server(["--api-server-count", "2"], tmp_path_factory.mktemp("logs") / "multi.log",
+                    data_dir=tmp_path_factory.mktemp("multi"))
+    try:
+        server.wait_healthy()
+        run_mix(server, sqlite_store(server))
+    finally:
+        server.stop()
+
+
 def test_repeated_prompt_shows_cached_tokens_on_every_chunk(demo_server):
     client = httpx.Client(base_url=demo_server.base_url, timeout=120)
     body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 6,
