@@ -65,6 +65,36 @@ class Settings:
     access_log_rate: float = 0.01
     """Sampling rate of the other responses."""
 
+    # ---- gateway -------------------------------------------------------------------------------
+    gateway: bool = False
+    """In-server gateway: scoped API keys, RPM/TPM limits, budgets, rate-limit headers (keys: ``python -m qwen_vllm_ext.keys``)."""
+    gateway_secret: str = ""
+    """Server secret for key hashes (HMAC-SHA256); empty: generated once and kept in data_dir (or in Redis)."""
+    admin_key: str = ""
+    """Bearer token for the ``/qwen_ext/admin/keys`` endpoints; empty: admin endpoints disabled."""
+    limiter_backend: str = "sqlite"
+    """Limiter state: ``sqlite`` (shared by the API-server processes of one host) or ``redis`` (several replicas)."""
+    limiter_redis_url: str = ""
+    """Redis URL for ``limiter_backend=redis`` (defaults to ``ledger_redis_url``)."""
+    limiter_failure: str = "closed"
+    """When the limiter store fails at runtime: ``closed`` (503, nothing admitted unmetered) or ``open`` (admit)."""
+    global_rpm: int = 0
+    """Requests per minute for the whole server (all keys; 0 = unlimited)."""
+    global_tpm: int = 0
+    """Tokens per minute for the whole server (all keys; 0 = unlimited)."""
+    max_tokens_over_cap: str = "reject"
+    """A request whose max_tokens exceeds its key's cap: ``reject`` (400) or ``cap`` (lowered to the cap)."""
+    max_body_bytes: int = 8388608
+    """Largest request body accepted by the gateway (413 above)."""
+    spike_factor: float = 3.0
+    """Suspend a key whose billed usage over 15 minutes exceeds this multiple of its baseline (0 = off)."""
+    spike_min_units: float = 1000.0
+    """Baseline floor in billed units per 15 minutes (new or quiet keys are compared with at least this)."""
+    spike_cooldown_s: float = 900.0
+    """How long a key stays suspended after a spike."""
+    spike_webhook: str = ""
+    """URL that receives a JSON POST when a key is suspended (empty: none)."""
+
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def field_names(cls) -> list[str]:

@@ -89,7 +89,15 @@ class EndpointPlugin:
         app.include_router(router)
         counting.attach(app)
         settings = Settings.current()
-        if "usage_accounting" in register_general()["patches"]:  # the ledger needs the engine hooks
+        ledger = "usage_accounting" in register_general()["patches"]  # the ledger needs the engine hooks
+        if settings.gateway:
+            if not ledger:
+                raise RuntimeError("qwen-vllm-ext: the gateway needs the usage ledger (settings ledger=true and a "
+                                   "supported vLLM): it reconciles every reservation with the engine's counts")
+            from .gateway import server as gateway_server
+
+            gateway_server.attach(app, settings)
+        if ledger:  # added last: the outermost middleware, so it also records the gateway's rejections
             from .usage import server as usage_server
 
             usage_server.attach(app, settings)
@@ -97,6 +105,8 @@ class EndpointPlugin:
     async def init_state(self, engine_client, state, args) -> None:
         state.qwen_vllm_ext_settings = Settings.current()
         counting.init_state(state, args)
+        if engine_client is not None:
+            state.qwen_max_model_len = engine_client.model_config.max_model_len
 
 
 def instance_id() -> str:

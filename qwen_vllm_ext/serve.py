@@ -152,6 +152,9 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     if args.model_tag is not None:
         args.model = args.model_tag
     validate_parsed_serve_args(args)
+    if settings.gateway and getattr(args, "api_key", None):
+        raise LaunchError("--api-key and the gateway both authenticate: vLLM's check runs first and would reject "
+                          "gateway keys. Use gateway keys (`python -m qwen_vllm_ext.keys create`) or drop the gateway")
     return args, final, env_updates, profile, settings
 
 

@@ -54,6 +54,7 @@ class UsageLedgerMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in TRACKED_PATHS:
             return await self.app(scope, receive, send)
+        scope.setdefault("state", {})  # shared with the app and inner middleware (API key id, callbacks)
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"x-request-id"]
         incoming = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"x-request-id"), None)
         request_id = incoming if incoming and _VALID_ID.match(incoming) else uuid.uuid4().hex
@@ -127,6 +128,8 @@ class UsageLedgerMiddleware:
             self.on_commit(time.monotonic() - started)
         if self.on_record is not None:
             self.on_record(record, body)
+        for callback in scope["state"].get("qwen_usage_callbacks", ()):  # e.g. the gateway's reconciliation
+            callback(record)
 
     async def _is_ours(self, record) -> bool:
         """A duplicate can also be this very record (a store reply lost after the write): compare contents."""

@@ -1,0 +1,1 @@
+"""In-server gateway: scoped API keys, rate limits, budgets, headers and errors (pure Python)."""

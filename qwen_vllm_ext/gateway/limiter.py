@@ -1,0 +1,787 @@
+"""The gateway's rate limiter: sliding-window-log limits, concurrency slots and quotas (pure Python).
+
+**Limits** (RPM/TPM): a *descriptor* such as ``"key:k_1:tpm"``, ``"model:qwen3:tpm"`` or ``"global:rpm"``
+allows ``limit`` units per ``window_s`` seconds. It keeps a log of reservations ``(id, time, cost)``; a
+reservation counts while ``time > now - window_s`` (it expires at ``time + window_s``). No fixed windows
+(no 2x bursts at window edges) and no GCRA: the log makes refunds and ``Retry-After`` exact.
+
+* :meth:`reserve` takes items ``(descriptor, limit, window_s, cost)`` and is all-or-nothing and atomic
+  across every descriptor: it is allowed iff ``sum(active costs) + cost <= limit`` for each of them, and then
+  logs the cost under one reservation id in each. A denied request changes nothing.
+  Guarantee: in every interval of length ``window_s`` the admitted cost is ``<= limit``.
+* :class:`Decision` says ``allowed``, the ``reservation_id``, per descriptor ``limit``/``remaining``/``reset_s``
+  (remaining after this reservation when allowed; ``reset_s`` = until the newest active reservation expires,
+  i.e. the window is fully free), ``blocking`` (the descriptors that denied) and ``retry_after_s``: the
+  exact earliest time at which this same request fits if nothing else arrives (when enough of the oldest
+  reservations expire), or ``None`` with ``too_large=True`` when ``cost > limit`` (it can never fit).
+* :meth:`adjust` reconciles after the response: it sets the reservation's cost per descriptor to the actual
+  (a refund when lower; negative counts as 0; higher is charged too, so the limit reflects real usage).
+  Unknown or expired reservations, and descriptors the reservation did not charge, are a no-op; so a
+  refund can never push the remaining capacity above the limit. :meth:`release` = adjust everything to 0.
+  A cost of 0 is not logged.
+* :meth:`status` reports the same per-descriptor state without reserving (for rate-limit headers).
+
+**Concurrency slots**: :meth:`acquire_slot` leases one of ``max_slots`` slots for ``lease_s`` seconds
+(renew with :meth:`renew_slot` while the request runs, free with :meth:`release_slot`). A lease that ran out
+(its process died) frees the slot by itself, so slots cannot leak.
+
+**Quotas** (calendar budgets): :meth:`reserve_quota` takes items ``(descriptor, limit, ttl_s, cost)``, e.g.
+``("budget:k_1:day:2026-11-30", 5_000_000, 2 * 86400, 1200)``; all-or-nothing, allowed iff
+``used + cost <= limit`` for each. The counter is created by its first reservation and expires ``ttl_s``
+after that (``reset_s``). Denied quota decisions have ``retry_after_s=None`` (waiting does not help).
+:meth:`adjust_quota` reconciles a quota reservation with the actual cost (never below 0 used).
+
+Backends with identical semantics (one test suite runs against each):
+
+* :class:`MemoryLimiter` -- one process (tests, single-process servers); a lock around every operation.
+* :class:`SqliteLimiter` -- the embedded backend, one file shared by several API-server processes on one
+  host: one ``BEGIN IMMEDIATE`` transaction per operation, WAL, ``synchronous=NORMAL`` (limiter state need
+  not survive a crash); expired rows are pruned as they are met and by a periodic sweep.
+* :class:`RedisLimiter` -- shared by replicas: one Lua script call per operation, timed with Redis ``TIME``
+  (or an injected clock, for tests). Per descriptor a sorted set (member = reservation id, score = time in
+  microseconds), a hash of costs and a maintained running sum, so a reservation is O(log n) plus the
+  expired entries it prunes. Every Redis failure raises :class:`LimiterUnavailable`; fail-open or
+  fail-closed is the caller's decision. (An injected clock is read by each client before its script runs,
+  so concurrent clients are not time-ordered: inject one only in single-client tests.)
+
+Time is integer microseconds internally, so ``retry_after_s`` is exact: the request fits at
+``now + retry_after_s`` and not one microsecond earlier. A descriptor should always be used with the same
+window (the memory backend's log is kept in arrival order). All costs and limits are integers.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+US = 1_000_000
+_SLACK_MS = 60_000   # extra real-time TTL on Redis keys (keys then vanish on their own); semantics never use TTLs
+_SWEEP_EVERY = 500   # local backends: drop all expired state every this many operations
+
+Clock = Callable[[], float]
+
+
+class LimiterUnavailable(RuntimeError):
+    """The limiter's store cannot be reached or used (Redis down, SQLite locked for too long)."""
+
+
+@dataclass(frozen=True)
+class DescriptorState:
+    limit: int
+    remaining: int   # never negative
+    reset_s: float   # seconds until the window (or quota) is fully free again; 0.0 when it is
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    reservation_id: str | None                 # set iff allowed
+    retry_after_s: float | None                # set iff denied and waiting helps (always None for quotas)
+    too_large: bool                            # some cost > its limit: can never be admitted
+    blocking: tuple[str, ...]                  # descriptors that denied (empty iff allowed)
+    descriptors: dict[str, DescriptorState]    # per descriptor, in the order given
+
+
+_Items = list  # of (descriptor, limit, span_us, cost)
+
+
+def _items(items: Iterable[Sequence], status: bool = False) -> _Items:
+    """Validate ``(descriptor, limit, window_or_ttl_s, cost)`` items (``status``: the cost may be left out)."""
+    out, seen = [], set()
+    for it in items:
+        it = tuple(it)
+        if status and len(it) == 3:
+            it += (0,)
+        if len(it) != 4:
+            raise ValueError(f"limiter item {it!r}: expected (descriptor, limit, seconds, cost)")
+        d, limit, span_s, cost = it
+        span = round(float(span_s) * US)
+        if not isinstance(d, str) or not d or d in seen:
+            raise ValueError(f"limiter descriptor {d!r}: must be a non-empty string, once per call")
+        if int(limit) != limit or int(cost) != cost or limit < 0 or cost < 0 or span <= 0:
+            raise ValueError(f"limiter item {it!r}: limit and cost must be integers >= 0, seconds > 0")
+        seen.add(d)
+        out.append((d, int(limit), span, 0 if status else int(cost)))
+    return out
+
+
+def _now_us(clock: Clock) -> int:
+    return round(clock() * US)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _window_decision(its: _Items, now: int, rid: str, rows: Sequence[tuple[int, int, int]]) -> Decision:
+    """rows: per item (active sum, newest expiry or 0, earliest expiry at which it fits or -1), before."""
+    blocking = tuple(d for (d, lim, _w, c), (s, _n, _f) in zip(its, rows) if s + c > lim)
+    too_large = any(c > lim for _d, lim, _w, c in its)
+    allowed = not blocking
+    states = {}
+    for (d, lim, w, c), (s, n, _f) in zip(its, rows):
+        if allowed and c:
+            s, n = s + c, max(n, now + w)
+        states[d] = DescriptorState(lim, max(0, lim - s), max(0, n - now) / US)
+    retry = None
+    if blocking and not too_large:
+        retry = max(f for (d, *_), (_s, _n, f) in zip(its, rows) if d in blocking) - now
+        retry = max(0, retry) / US
+    return Decision(allowed, rid if allowed else None, retry, too_large, blocking, states)
+
+
+def _quota_decision(its: _Items, now: int, rid: str, rows: Sequence[tuple[int, int]]) -> Decision:
+    """rows: per item (used, expiry or 0 when the counter does not exist), before."""
+    blocking = tuple(d for (d, lim, _t, c), (u, _e) in zip(its, rows) if u + c > lim)
+    allowed = not blocking
+    states = {}
+    for (d, lim, ttl, c), (u, e) in zip(its, rows):
+        if allowed:
+            u, e = u + c, e or now + ttl
+        states[d] = DescriptorState(lim, max(0, lim - u), max(0, e - now) / US)
+    return Decision(allowed, rid if allowed else None, None, any(c > lim for _d, lim, _t, c in its),
+                    blocking, states)
+
+
+class _Limiter:
+    """Public API shared by all backends."""
+
+    def reserve(self, items: Iterable[Sequence]) -> Decision:
+        """All-or-nothing reservation of ``(descriptor, limit, window_s, cost)`` items."""
+        raise NotImplementedError
+
+    def adjust(self, reservation_id: str, actual_costs: Mapping[str, int]) -> None:
+        """Set the reservation's cost per descriptor to the actual (unknown/expired: no-op)."""
+        raise NotImplementedError
+
+    def release(self, reservation_id: str) -> None:
+        """Refund the whole reservation (e.g. the request was rejected before reaching the engine)."""
+        raise NotImplementedError
+
+    def status(self, items: Iterable[Sequence]) -> dict[str, DescriptorState]:
+        """Per-descriptor state for ``(descriptor, limit, window_s[, cost])`` items, without reserving."""
+        raise NotImplementedError
+
+    def release_quota(self, reservation_id: str) -> None:
+        self.adjust_quota(reservation_id, 0)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------------ local backends
+class _LocalLimiter(_Limiter):
+    """Operation logic of the memory and SQLite backends over storage primitives run inside ``_txn()``."""
+
+    def _txn(self):  # context manager yielding now (µs) with the store locked
+        raise NotImplementedError
+
+    def reserve(self, items):
+        its, rid = _items(items), _new_id()
+        with self._txn() as now:
+            rows = []
+            for d, lim, _w, c in its:
+                s, n = self._w_state(d, now)
+                rows.append((s, n, self._w_free_at(d, s + c - lim) if c <= lim < s + c else -1))
+            dec = _window_decision(its, now, rid, rows)
+            if dec.allowed:
+                for d, _lim, w, c in its:
+                    if c:
+                        self._w_add(d, rid, now + w, c)
+        return dec
+
+    def adjust(self, reservation_id, actual_costs):
+        with self._txn() as now:
+            current = self._w_get(reservation_id, now)
+            for d, cost in actual_costs.items():
+                if d in current:
+                    self._w_set(d, reservation_id, current[d], max(0, int(cost)))
+
+    def release(self, reservation_id):
+        with self._txn() as now:
+            for d, old in self._w_get(reservation_id, now).items():
+                self._w_set(d, reservation_id, old, 0)
+
+    def status(self, items):
+        its = _items(items, status=True)
+        with self._txn() as now:
+            rows = [self._w_state(d, now) + (-1,) for d, *_ in its]
+        return _window_decision(its, now, "", rows).descriptors if its else {}
+
+    # slots
+    def acquire_slot(self, descriptor: str, max_slots: int, lease_s: float) -> str | None:
+        """Lease a slot for ``lease_s`` seconds; None when all ``max_slots`` are held."""
+        sid = _new_id()
+        with self._txn() as now:
+            if self._s_count(descriptor, now) >= max_slots:
+                return None
+            self._s_put(descriptor, sid, now + round(lease_s * US))
+        return sid
+
+    def renew_slot(self, descriptor: str, slot_id: str, lease_s: float) -> bool:
+        """Extend the lease to ``now + lease_s``; False when the slot is no longer held (lease ran out)."""
+        with self._txn() as now:
+            exp = self._s_exp(descriptor, slot_id)
+            if exp is None or exp <= now:
+                self._s_del(descriptor, slot_id)
+                return False
+            self._s_put(descriptor, slot_id, now + round(lease_s * US))
+        return True
+
+    def release_slot(self, descriptor: str, slot_id: str) -> None:
+        with self._txn():
+            self._s_del(descriptor, slot_id)
+
+    def slots_used(self, descriptor: str) -> int:
+        with self._txn() as now:
+            return self._s_count(descriptor, now)
+
+    # quotas
+    def reserve_quota(self, items: Iterable[Sequence]) -> Decision:
+        """All-or-nothing reservation of ``(descriptor, limit, ttl_s, cost)`` quota items."""
+        its, rid = _items(items), _new_id()
+        with self._txn() as now:
+            rows = [self._q_get(d, now) for d, *_ in its]
+            dec = _quota_decision(its, now, rid, rows)
+            if dec.allowed:
+                for (d, _lim, ttl, c), (used, exp) in zip(its, rows):
+                    exp = exp or now + ttl
+                    self._q_put(d, used + c, exp)
+                    self._qr_put(rid, d, c, exp)
+        return dec
+
+    def adjust_quota(self, reservation_id: str, actual: int | Mapping[str, int]) -> None:
+        """Set the quota reservation's cost to ``actual`` (an int for every descriptor, or per descriptor)."""
+        with self._txn() as now:
+            for d, (cost, exp) in self._qr_get(reservation_id, now).items():
+                new = actual.get(d) if isinstance(actual, Mapping) else actual
+                used, qexp = self._q_get(d, now)
+                if new is not None and qexp == exp:   # same counter (not expired and recreated)
+                    new = max(0, int(new))
+                    self._q_put(d, max(0, used + new - cost), exp)
+                    self._qr_put(reservation_id, d, new, exp)
+
+    def quota_used(self, descriptor: str) -> int:
+        with self._txn() as now:
+            return self._q_get(descriptor, now)[0]
+
+
+class MemoryLimiter(_LocalLimiter):
+    """Single-process limiter (tests, one API-server process). The clock never goes backwards here."""
+
+    def __init__(self, clock: Clock = time.time):
+        self._clock, self._lock, self._last, self._ops = clock, threading.Lock(), 0, 0
+        self._log: dict[str, dict[str, list[int]]] = {}     # descriptor -> rid -> [expiry, cost], oldest first
+        self._sum: dict[str, int] = {}                      # descriptor -> running sum of its log
+        self._res: dict[str, set[str]] = {}                 # rid -> descriptors it is logged in
+        self._quota: dict[str, list[int]] = {}              # descriptor -> [used, expiry]
+        self._qres: dict[str, dict[str, list[int]]] = {}    # rid -> descriptor -> [cost, counter expiry]
+        self._slots: dict[str, dict[str, int]] = {}         # descriptor -> slot id -> lease expiry
+
+    @contextmanager
+    def _txn(self) -> Iterator[int]:
+        with self._lock:
+            self._last = now = max(self._last, _now_us(self._clock))
+            self._ops += 1
+            if self._ops % _SWEEP_EVERY == 0:
+                self._sweep(now)
+            yield now
+
+    def _sweep(self, now: int) -> None:
+        for d in list(self._log):
+            self._w_state(d, now)
+        for d in [d for d, (_u, e) in self._quota.items() if e <= now]:
+            del self._quota[d]
+        for rid in [r for r, m in self._qres.items() if all(e <= now for _c, e in m.values())]:
+            del self._qres[rid]
+        for d in list(self._slots):
+            self._s_count(d, now)
+
+    def _w_state(self, d, now):
+        log = self._log.get(d)
+        while log:
+            rid = next(iter(log))
+            exp, cost = log[rid]
+            if exp > now:
+                return self._sum[d], next(reversed(log.values()))[0]
+            del log[rid]
+            self._sum[d] -= cost
+            self._unlink(rid, d)
+        self._log.pop(d, None)
+        self._sum.pop(d, None)
+        return 0, 0
+
+    def _w_free_at(self, d, need):
+        freed = 0
+        for exp, cost in self._log[d].values():
+            freed += cost
+            if freed >= need:
+                return exp
+        raise AssertionError("unreachable: need <= active sum")
+
+    def _w_add(self, d, rid, exp, cost):
+        self._log.setdefault(d, {})[rid] = [exp, cost]
+        self._sum[d] = self._sum.get(d, 0) + cost
+        self._res.setdefault(rid, set()).add(d)
+
+    def _w_get(self, rid, now):
+        return {d: self._log[d][rid][1] for d in self._res.get(rid, ()) if self._log[d][rid][0] > now}
+
+    def _w_set(self, d, rid, old, cost):
+        self._sum[d] += cost - old
+        if cost:
+            self._log[d][rid][1] = cost
+        else:
+            del self._log[d][rid]
+            self._unlink(rid, d)
+
+    def _unlink(self, rid, d):
+        ds = self._res.get(rid)
+        if ds is not None:
+            ds.discard(d)
+            if not ds:
+                del self._res[rid]
+
+    def _s_count(self, d, now):
+        slots = self._slots.get(d, {})
+        for sid in [s for s, e in slots.items() if e <= now]:
+            del slots[sid]
+        if not slots:
+            self._slots.pop(d, None)
+        return len(slots)
+
+    def _s_exp(self, d, sid):
+        return self._slots.get(d, {}).get(sid)
+
+    def _s_put(self, d, sid, exp):
+        self._slots.setdefault(d, {})[sid] = exp
+
+    def _s_del(self, d, sid):
+        self._slots.get(d, {}).pop(sid, None)
+
+    def _q_get(self, d, now):
+        v = self._quota.get(d)
+        if v is None or v[1] <= now:
+            self._quota.pop(d, None)
+            return 0, 0
+        return v[0], v[1]
+
+    def _q_put(self, d, used, exp):
+        self._quota[d] = [used, exp]
+
+    def _qr_get(self, rid, now):
+        return {d: (c, e) for d, (c, e) in self._qres.get(rid, {}).items() if e > now}
+
+    def _qr_put(self, rid, d, cost, exp):
+        self._qres.setdefault(rid, {})[d] = [cost, exp]
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rl_log (rid TEXT NOT NULL, d TEXT NOT NULL, exp INTEGER NOT NULL,
+    cost INTEGER NOT NULL, PRIMARY KEY (rid, d)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rl_log_d ON rl_log (d, exp, cost);
+CREATE INDEX IF NOT EXISTS rl_log_exp ON rl_log (exp);
+CREATE TABLE IF NOT EXISTS rl_quota (d TEXT PRIMARY KEY, used INTEGER NOT NULL, exp INTEGER NOT NULL)
+    WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rl_quota_res (rid TEXT NOT NULL, d TEXT NOT NULL, cost INTEGER NOT NULL,
+    exp INTEGER NOT NULL, PRIMARY KEY (rid, d)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rl_slot (d TEXT NOT NULL, sid TEXT NOT NULL, exp INTEGER NOT NULL,
+    PRIMARY KEY (d, sid)) WITHOUT ROWID;
+"""
+
+
+class SqliteLimiter(_LocalLimiter):
+    """The embedded limiter: one SQLite file; every process (and thread, if it likes) opens its own."""
+
+    def __init__(self, path: str, clock: Clock = time.time, busy_timeout_s: float = 30.0):
+        self.path, self._clock, self._busy = os.path.abspath(path), clock, busy_timeout_s
+        self._lock, self._ops = threading.Lock(), 0
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._connect()
+            with self._txn():
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        self._db.execute(stmt)
+        except (sqlite3.Error, OSError) as exc:
+            raise LimiterUnavailable(f"cannot open the SQLite limiter {self.path}: {exc}") from exc
+
+    def _connect(self) -> None:
+        # isolation_level=None: we issue BEGIN IMMEDIATE / COMMIT ourselves.
+        self._db = sqlite3.connect(self.path, timeout=self._busy, isolation_level=None, check_same_thread=False)
+        self._db.execute(f"PRAGMA busy_timeout = {int(self._busy * 1000)}")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._pid = os.getpid()
+
+    @contextmanager
+    def _txn(self) -> Iterator[int]:
+        with self._lock:
+            try:
+                if self._pid != os.getpid():   # forked: never share a connection with the parent
+                    self._connect()
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    now = _now_us(self._clock)   # read under the write lock: ordered across processes
+                    self._ops += 1
+                    if self._ops % _SWEEP_EVERY == 0:
+                        for table in ("rl_log", "rl_quota", "rl_quota_res", "rl_slot"):
+                            self._db.execute(f"DELETE FROM {table} WHERE exp <= ?", (now,))
+                    yield now
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise LimiterUnavailable(f"SQLite limiter {self.path}: {exc}") from exc
+
+    def _x(self, sql, *args):
+        return self._db.execute(sql, args)
+
+    def _w_state(self, d, now):
+        self._x("DELETE FROM rl_log WHERE d = ? AND exp <= ?", d, now)
+        return tuple(self._x("SELECT COALESCE(SUM(cost), 0), COALESCE(MAX(exp), 0) FROM rl_log WHERE d = ?",
+                             d).fetchone())
+
+    def _w_free_at(self, d, need):
+        freed = 0
+        for exp, cost in self._x("SELECT exp, cost FROM rl_log WHERE d = ? ORDER BY exp", d):
+            freed += cost
+            if freed >= need:
+                return exp
+        raise AssertionError("unreachable: need <= active sum")
+
+    def _w_add(self, d, rid, exp, cost):
+        self._x("INSERT INTO rl_log (rid, d, exp, cost) VALUES (?, ?, ?, ?)", rid, d, exp, cost)
+
+    def _w_get(self, rid, now):
+        return dict(self._x("SELECT d, cost FROM rl_log WHERE rid = ? AND exp > ?", rid, now).fetchall())
+
+    def _w_set(self, d, rid, old, cost):
+        if cost:
+            self._x("UPDATE rl_log SET cost = ? WHERE rid = ? AND d = ?", cost, rid, d)
+        else:
+            self._x("DELETE FROM rl_log WHERE rid = ? AND d = ?", rid, d)
+
+    def _s_count(self, d, now):
+        self._x("DELETE FROM rl_slot WHERE d = ? AND exp <= ?", d, now)
+        return self._x("SELECT COUNT(*) FROM rl_slot WHERE d = ?", d).fetchone()[0]
+
+    def _s_exp(self, d, sid):
+        row = self._x("SELECT exp FROM rl_slot WHERE d = ? AND sid = ?", d, sid).fetchone()
+        return row and row[0]
+
+    def _s_put(self, d, sid, exp):
+        self._x("INSERT OR REPLACE INTO rl_slot (d, sid, exp) VALUES (?, ?, ?)", d, sid, exp)
+
+    def _s_del(self, d, sid):
+        self._x("DELETE FROM rl_slot WHERE d = ? AND sid = ?", d, sid)
+
+    def _q_get(self, d, now):
+        row = self._x("SELECT used, exp FROM rl_quota WHERE d = ?", d).fetchone()
+        if row is None or row[1] <= now:
+            self._x("DELETE FROM rl_quota WHERE d = ?", d)
+            return 0, 0
+        return row
+
+    def _q_put(self, d, used, exp):
+        self._x("INSERT OR REPLACE INTO rl_quota (d, used, exp) VALUES (?, ?, ?)", d, used, exp)
+
+    def _qr_get(self, rid, now):
+        return {d: (c, e) for d, c, e in self._x("SELECT d, cost, exp FROM rl_quota_res WHERE rid = ? AND exp > ?",
+                                                 rid, now)}
+
+    def _qr_put(self, rid, d, cost, exp):
+        self._x("INSERT OR REPLACE INTO rl_quota_res (rid, d, cost, exp) VALUES (?, ?, ?, ?)", rid, d, cost, exp)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+# --------------------------------------------------------------------------------------------------- Redis
+# One script, dispatched on ARGV[1]; ARGV[2] = key prefix, ARGV[3] = now in µs ('' = use Redis TIME).
+# Keys: <P>w:<d>:z (zset rid -> time), <P>w:<d>:c (hash rid -> cost), <P>w:<d>:s (running sum),
+# <P>rr:<rid> (hash descriptor -> 1: where a reservation is logged), <P>q:<d> (hash used, exp),
+# <P>qr:<rid> (hash descriptor -> "cost:exp"), <P>sl:<d> (zset slot id -> lease expiry).
+_LUA = r"""
+local op, P = ARGV[1], ARGV[2]
+local now
+if ARGV[3] ~= '' then now = tonumber(ARGV[3]) else
+  local t = redis.call('TIME'); now = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
+local function f(x) return string.format('%.0f', x) end
+local function ttl(ms) return f(ms + 60000) end
+
+local function wkeys(d) return P..'w:'..d..':z', P..'w:'..d..':c', P..'w:'..d..':s' end
+
+-- prune the entries expired at now (time <= now - w); returns active sum and newest expiry (0 if none)
+local function window(d, w)
+  local z, h, s = wkeys(d)
+  local old = redis.call('ZRANGEBYSCORE', z, '-inf', f(now - w))
+  if #old > 0 then
+    local freed = 0
+    for _, m in ipairs(old) do
+      freed = freed + tonumber(redis.call('HGET', h, m) or 0)
+      redis.call('HDEL', h, m)
+    end
+    redis.call('ZREMRANGEBYSCORE', z, '-inf', f(now - w))
+    redis.call('DECRBY', s, f(freed))
+  end
+  local top = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if #top == 0 then redis.call('DEL', s, h) return 0, 0 end
+  return tonumber(redis.call('GET', s) or 0), tonumber(top[2]) + w
+end
+
+-- expiry of the oldest entry at which at least `need` has expired
+local function free_at(d, w, need)
+  local z, h = wkeys(d)
+  local freed, start = 0, 0
+  while true do
+    local chunk = redis.call('ZRANGE', z, start, start + 127, 'WITHSCORES')
+    if #chunk == 0 then return -1 end
+    for i = 1, #chunk, 2 do
+      freed = freed + tonumber(redis.call('HGET', h, chunk[i]) or 0)
+      if freed >= need then return tonumber(chunk[i + 1]) + w end
+    end
+    start = start + 128
+  end
+end
+
+if op == 'reserve' then   -- rid ('' = status only), then (d, limit, w, cost)*
+  local rid, out, allowed, maxw = ARGV[4], {0, now}, 1, 0
+  for i = 5, #ARGV, 4 do
+    local d, lim, w, c = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+    local s, n = window(d, w)
+    local fa = -1
+    if s + c > lim then
+      allowed = 0
+      if c <= lim then fa = free_at(d, w, s + c - lim) end
+    end
+    for _, v in ipairs({s, n, fa}) do table.insert(out, v) end
+  end
+  if allowed == 1 and rid ~= '' then
+    local rr = P..'rr:'..rid
+    for i = 5, #ARGV, 4 do
+      local d, w, c = ARGV[i], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+      if c > 0 then
+        local z, h, s = wkeys(d)
+        redis.call('ZADD', z, f(now), rid)
+        redis.call('HSET', h, rid, f(c))
+        redis.call('INCRBY', s, f(c))
+        for _, k in ipairs({z, h, s}) do redis.call('PEXPIRE', k, ttl(w / 1000)) end
+        redis.call('HSET', rr, d, '1')
+        if w > maxw then maxw = w end
+      end
+    end
+    if maxw > 0 then redis.call('PEXPIRE', rr, ttl(maxw / 1000)) end
+  end
+  out[1] = allowed
+  return out
+
+elseif op == 'adjust' then   -- rid, then (d, cost)* ; no pairs = release everything
+  local rid = ARGV[4]
+  local rr = P..'rr:'..rid
+  local todo = {}
+  if #ARGV == 4 then
+    for _, d in ipairs(redis.call('HKEYS', rr)) do table.insert(todo, {d, 0}) end
+  else
+    for i = 5, #ARGV, 2 do
+      if redis.call('HEXISTS', rr, ARGV[i]) == 1 then table.insert(todo, {ARGV[i], tonumber(ARGV[i + 1])}) end
+    end
+  end
+  for _, p in ipairs(todo) do
+    local d, new = p[1], p[2]
+    local z, h, s = wkeys(d)
+    local old = redis.call('HGET', h, rid)
+    if old then
+      redis.call('INCRBY', s, f(new - tonumber(old)))
+      if new == 0 then
+        redis.call('HDEL', h, rid); redis.call('ZREM', z, rid); redis.call('HDEL', rr, d)
+      else
+        redis.call('HSET', h, rid, f(new))
+      end
+    end
+  end
+  return 0
+
+elseif op == 'slot' then   -- d, action, sid, max_slots, lease
+  local k, action, sid = P..'sl:'..ARGV[4], ARGV[5], ARGV[6]
+  if action == 'release' then redis.call('ZREM', k, sid) return 1 end
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', f(now))
+  if action == 'count' then return redis.call('ZCARD', k) end
+  if action == 'acquire' then
+    if redis.call('ZCARD', k) >= tonumber(ARGV[7]) then return 0 end
+  elseif not redis.call('ZSCORE', k, sid) then   -- renew: lease ran out (and was pruned) or unknown
+    return 0
+  end
+  redis.call('ZADD', k, f(now + tonumber(ARGV[8])), sid)
+  local top = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', k, ttl((tonumber(top[2]) - now) / 1000))
+  return 1
+
+elseif op == 'quota' then   -- rid, then (d, limit, ttl, cost)*
+  local rid, out, allowed, rows = ARGV[4], {0, now}, 1, {}
+  for i = 5, #ARGV, 4 do
+    local v = redis.call('HMGET', P..'q:'..ARGV[i], 'used', 'exp')
+    local used, exp = tonumber(v[1] or 0), tonumber(v[2] or 0)
+    if exp <= now then used, exp = 0, 0 end
+    if used + tonumber(ARGV[i + 3]) > tonumber(ARGV[i + 1]) then allowed = 0 end
+    table.insert(rows, {used, exp}); table.insert(out, used); table.insert(out, exp)
+  end
+  if allowed == 1 then
+    local qr, maxe = P..'qr:'..rid, 0
+    for j, row in ipairs(rows) do
+      local i = 1 + 4 * j
+      local d, c = ARGV[i], tonumber(ARGV[i + 3])
+      local exp = row[2]
+      if exp == 0 then exp = now + tonumber(ARGV[i + 2]) end
+      redis.call('HSET', P..'q:'..d, 'used', f(row[1] + c), 'exp', f(exp))
+      redis.call('PEXPIRE', P..'q:'..d, ttl((exp - now) / 1000))
+      redis.call('HSET', qr, d, f(c)..':'..f(exp))
+      if exp > maxe then maxe = exp end
+    end
+    redis.call('PEXPIRE', qr, ttl((maxe - now) / 1000))
+  end
+  out[1] = allowed
+  return out
+
+elseif op == 'adjust_quota' then   -- rid, mode ('all' cost | 'each' (d, cost)*)
+  local qr, want = P..'qr:'..ARGV[4], {}
+  if ARGV[5] == 'each' then for i = 6, #ARGV, 2 do want[ARGV[i]] = tonumber(ARGV[i + 1]) end end
+  local entries = redis.call('HGETALL', qr)
+  for i = 1, #entries, 2 do
+    local d = entries[i]
+    local cost, exp = string.match(entries[i + 1], '^(%d+):(%d+)$')
+    cost, exp = tonumber(cost), tonumber(exp)
+    local new = want[d]
+    if ARGV[5] == 'all' then new = tonumber(ARGV[6]) end
+    local v = redis.call('HMGET', P..'q:'..d, 'used', 'exp')
+    if new and exp > now and tonumber(v[2] or 0) == exp then
+      redis.call('HSET', P..'q:'..d, 'used', f(math.max(0, tonumber(v[1]) + new - cost)))
+      redis.call('HSET', qr, d, f(new)..':'..f(exp))
+    end
+  end
+  return 0
+
+elseif op == 'quota_used' then   -- d
+  local v = redis.call('HMGET', P..'q:'..ARGV[4], 'used', 'exp')
+  if tonumber(v[2] or 0) <= now then return 0 end
+  return tonumber(v[1])
+end
+return redis.error_reply('unknown limiter op '..op)
+"""
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password (for messages)."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+class RedisLimiter(_Limiter):
+    """The limiter on a (single, non-cluster) Redis server, shared by every process and replica."""
+
+    def __init__(self, url: str, prefix: str = "qvl:", clock: Clock | None = None, socket_timeout_s: float = 5.0):
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.url, self.prefix, self._clock = url, prefix, clock
+        self._errors = (redis.exceptions.RedisError, OSError)
+        try:
+            # No client retries: a reservation must not be applied twice; the caller decides open/closed.
+            self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=5,
+                                           retry=Retry(NoBackoff(), 0), decode_responses=True)
+            self._r.ping()
+        except (redis.exceptions.RedisError, OSError, ValueError) as exc:
+            raise LimiterUnavailable(f"cannot reach the Redis limiter at {_safe_url(url)}: {exc}") from exc
+        self._script = self._r.register_script(_LUA)
+
+    def _call(self, op: str, *args) -> object:
+        now = "" if self._clock is None else str(_now_us(self._clock))
+        try:
+            return self._script(args=[op, self.prefix, now, *args])
+        except self._errors as exc:
+            raise LimiterUnavailable(f"Redis limiter at {_safe_url(self.url)} failed: {exc}") from exc
+
+    @staticmethod
+    def _rows(reply, width: int) -> tuple[bool, int, list[tuple[int, ...]]]:
+        rows = [tuple(int(x) for x in reply[i:i + width]) for i in range(2, len(reply), width)]
+        return bool(reply[0]), int(reply[1]), rows
+
+    def reserve(self, items):
+        its, rid = _items(items), _new_id()
+        _allowed, now, rows = self._rows(self._call("reserve", rid, *[x for it in its for x in it]), 3)
+        return _window_decision(its, now, rid, rows)
+
+    def status(self, items):
+        its = _items(items, status=True)
+        if not its:
+            return {}
+        _allowed, now, rows = self._rows(self._call("reserve", "", *[x for it in its for x in it]), 3)
+        return _window_decision(its, now, "", rows).descriptors
+
+    def adjust(self, reservation_id, actual_costs):
+        pairs = [x for d, c in actual_costs.items() for x in (d, max(0, int(c)))]
+        if pairs:
+            self._call("adjust", reservation_id, *pairs)
+
+    def release(self, reservation_id):
+        self._call("adjust", reservation_id)
+
+    def acquire_slot(self, descriptor: str, max_slots: int, lease_s: float) -> str | None:
+        sid = _new_id()
+        return sid if self._call("slot", descriptor, "acquire", sid, max_slots, round(lease_s * US)) else None
+
+    def renew_slot(self, descriptor: str, slot_id: str, lease_s: float) -> bool:
+        return bool(self._call("slot", descriptor, "renew", slot_id, 0, round(lease_s * US)))
+
+    def release_slot(self, descriptor: str, slot_id: str) -> None:
+        self._call("slot", descriptor, "release", slot_id)
+
+    def slots_used(self, descriptor: str) -> int:
+        return int(self._call("slot", descriptor, "count", ""))
+
+    def reserve_quota(self, items):
+        its, rid = _items(items), _new_id()
+        _allowed, now, rows = self._rows(self._call("quota", rid, *[x for it in its for x in it]), 2)
+        return _quota_decision(its, now, rid, rows)
+
+    def adjust_quota(self, reservation_id, actual):
+        if isinstance(actual, Mapping):
+            self._call("adjust_quota", reservation_id, "each",
+                       *[x for d, c in actual.items() for x in (d, max(0, int(c)))])
+        else:
+            self._call("adjust_quota", reservation_id, "all", max(0, int(actual)))
+
+    def quota_used(self, descriptor: str) -> int:
+        return int(self._call("quota_used", descriptor))
+
+    def close(self) -> None:
+        self._r.close()
+
+
+def open_limiter(backend: str, location: str = "", **kwargs) -> MemoryLimiter | SqliteLimiter | RedisLimiter:
+    """``memory`` (location ignored), ``sqlite`` (file path) or ``redis`` (URL); raises :class:`LimiterUnavailable`
+    when the store cannot be opened or reached. ``kwargs`` go to the backend (``clock``, ``prefix``, ...)."""
+    if backend == "memory":
+        return MemoryLimiter(**kwargs)
+    if backend == "sqlite":
+        return SqliteLimiter(location, **kwargs)
+    if backend == "redis":
+        if not location:
+            raise LimiterUnavailable("the Redis limiter backend needs a URL")
+        return RedisLimiter(location, **kwargs)
+    raise ValueError(f"unknown limiter backend {backend!r}; expected 'memory', 'sqlite' or 'redis'")

@@ -1,0 +1,281 @@
+"""The in-server gateway: pure ASGI middleware (Starlette's BaseHTTPMiddleware would break streaming).
+
+Per request, before the engine sees it: authenticate the API key (``Authorization: Bearer qve-…`` or
+``x-api-key``), check the body and the key's scope, count the prompt exactly, reserve 1 request and the
+token cost against every RPM/TPM descriptor (key, global) atomically, reserve the estimated billed cost
+against the key's daily and monthly budgets, take a concurrency slot; add the rate-limit headers to the
+response (streams included: they go out with the first byte). After the response, the usage ledger calls
+back with the engine's actual counts and the reservations are reconciled (the unused part refunded).
+
+The ledger middleware sits outside this one, so rejections are recorded too (status ``error``).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import time
+
+from ..errors import error_body
+from .admission import GENERATION_PATHS, Rejection, admit, duration, parse_body
+
+logger = logging.getLogger("qwen_vllm_ext.gateway")
+
+PUBLIC_PATHS = {"/health", "/ping", "/version", "/metrics", "/qwen_ext/health", "/load"}
+ADMIN_PREFIX = "/qwen_ext/admin/"
+SLOT_LEASE_S = 30.0
+WINDOW_S = 60.0
+DAY_S, MONTH_S = 86400.0, 31 * 86400.0
+OVERHEAD_HEADER = b"x-qwen-gateway-overhead-ms"
+UNAVAILABLE = object()  # the limiter store failed and limiter_failure=open: admit unmetered
+
+
+def error_payload(code: str, message: str, type_: str = "invalid_request_error", param=None) -> bytes:
+    return json.dumps(error_body(message, code, type_, param)).encode()
+
+
+async def respond(send, status: int, body: bytes, headers: dict | None = None) -> None:
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), str(v).encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def bearer(scope) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            text = value.decode("latin-1").strip()
+            if text[:7].lower() == "bearer ":
+                return text[7:].strip()
+        elif name == b"x-api-key":
+            return value.decode("latin-1").strip()
+    return None
+
+
+def descriptors(key, settings, cost: int) -> list[tuple[str, int, float, int]]:
+    """(descriptor, limit, window_s, cost) for every RPM/TPM limit that applies to this request."""
+    items = []
+    for name, limit, amount in (
+        (f"key:{key.key_id}:rpm", key.rpm, 1), (f"key:{key.key_id}:tpm", key.tpm, cost),
+        ("global:rpm", settings.global_rpm or None, 1), ("global:tpm", settings.global_tpm or None, cost),
+    ):
+        if limit:
+            items.append((name, int(limit), WINDOW_S, amount))
+    return items
+
+
+def budget_items(key, cost_micro: int, now: float) -> list[tuple[str, int, float, int]]:
+    day = time.strftime("%Y-%m-%d", time.gmtime(now))
+    month = day[:7]
+    items = []
+    if key.daily_budget_micro:
+        items.append((f"budget:{key.key_id}:day:{day}", key.daily_budget_micro, 2 * DAY_S, cost_micro))
+    if key.monthly_budget_micro:
+        items.append((f"budget:{key.key_id}:month:{month}", key.monthly_budget_micro, 2 * MONTH_S, cost_micro))
+    return items
+
+
+def rate_headers(decision, items) -> dict[str, str]:
+    """x-ratelimit-* for the tightest request and token descriptors of this request."""
+    headers = {}
+    for kind, suffix in (("requests", ":rpm"), ("tokens", ":tpm")):
+        names = [name for name, *_ in items if name.endswith(suffix)]
+        if not names:
+            continue
+        state = decision.descriptors
+        tightest = min(names, key=lambda n: state[n].remaining)
+        headers[f"x-ratelimit-limit-{kind}"] = str(state[tightest].limit)
+        headers[f"x-ratelimit-remaining-{kind}"] = str(state[tightest].remaining)
+        headers[f"x-ratelimit-reset-{kind}"] = duration(state[tightest].reset_s)
+    return headers
+
+
+class GatewayMiddleware:
+    def __init__(self, app, settings, keys, limiter, policy, on_spike=None):
+        self.app = app
+        self.settings = settings
+        self.keys = keys  # KeyCache
+        self.limiter = limiter
+        self.policy = policy
+        self.on_spike = on_spike  # SpikeBreaker.observe(key, record) or None
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(ADMIN_PREFIX):
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        try:
+            key = self._authenticate(scope)
+        except Rejection as rej:
+            return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param))
+        scope.setdefault("state", {})["qwen_api_key_id"] = key.key_id
+        kind = GENERATION_PATHS.get(path)
+        if kind is None or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)  # authenticated; nothing to meter
+        try:
+            raw = await self._read_body(receive)
+            state = scope["app"].state  # the served model's calculator and context, set at startup
+            admission = admit(parse_body(raw), kind, key, state.qwen_vllm_ext_calculator, state.qwen_max_model_len,
+                              over_cap=self.settings.max_tokens_over_cap)
+            held = await self._reserve(key, admission)
+        except Rejection as rej:
+            return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
+                                 rej.headers)
+        body = admission.encoded() if admission.body_changed else raw
+        extra = {**held["headers"], OVERHEAD_HEADER.decode(): f"{(time.perf_counter() - started) * 1000:.3f}"}
+        scope["state"].setdefault("qwen_usage_callbacks", []).append(lambda record: self._reconcile(held, record))
+        renew = asyncio.get_running_loop().create_task(self._renew_slot(held)) if held["slot"] else None
+
+        replayed = False
+
+        async def replay_receive():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", []), *((k.encode(), v.encode()) for k, v in extra.items())]
+                message = dict(message, headers=headers)
+            await send(message)
+
+        if admission.body_changed:
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+            scope = dict(scope, headers=headers + [(b"content-length", str(len(body)).encode())])
+        try:
+            await self.app(scope, replay_receive, send_with_headers)
+        finally:
+            if renew is not None:
+                renew.cancel()
+            if held["slot"]:
+                await self._limiter_call(self.limiter.release_slot, held["slot_name"], held["slot"])
+
+    # ---- steps ----------------------------------------------------------------------------------
+    def _authenticate(self, scope):
+        secret = bearer(scope)
+        if not secret:
+            raise Rejection(401, "invalid_api_key", "no API key: send 'Authorization: Bearer qve-…' (create keys "
+                            "with `python -m qwen_vllm_ext.keys create`)", type_="authentication_error")
+        key = self.keys.authenticate(secret)
+        if key is None:
+            raise Rejection(401, "invalid_api_key", "the API key is not valid: check it was copied whole; keys "
+                            "are shown only once at creation", type_="authentication_error")
+        ok, reason = key.active()
+        if not ok:
+            messages = {
+                "revoked": ("invalid_api_key", "this API key was revoked; ask for a new one"),
+                "expired": ("api_key_expired", "this API key has expired; ask for a new one or an extension"),
+                "suspended": ("api_key_suspended", f"this API key is suspended ({key.suspend_reason or 'usage spike'}) "
+                              "until an operator clears it or the suspension ends"),
+            }
+            code, message = messages.get(reason, ("invalid_api_key", "this API key cannot be used"))
+            raise Rejection(401 if reason != "suspended" else 403, code, message, type_="authentication_error")
+        return key
+
+    async def _read_body(self, receive) -> bytes:
+        chunks, size, limit = [], 0, self.settings.max_body_bytes
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise Rejection(400, "client_disconnected", "the client went away while sending the body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise Rejection(413, "request_too_large", f"the request body is larger than {limit} bytes; send a "
+                                "shorter prompt or raise the server's max_body_bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _limiter_call(self, fn, *args):
+        from .limiter import LimiterUnavailable
+
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except LimiterUnavailable:
+            if self.settings.limiter_failure == "open":
+                logger.error("qwen-vllm-ext gateway: limiter store unavailable; admitting (limiter_failure=open)")
+                return UNAVAILABLE
+            raise Rejection(503, "service_unavailable", "the rate limiter's store is unavailable; retry shortly",
+                            type_="server_error", headers={"retry-after": "1"})
+
+    async def _reserve(self, key, admission) -> dict:
+        now = time.time()
+        items = descriptors(key, self.settings, admission.cost)
+        held = {"key": key, "items": items, "reservation": None, "budget": None, "slot": None, "slot_name": None,
+                "headers": {}, "cost": admission.cost}
+        if items:
+            decision = await self._limiter_call(self.limiter.reserve, items)
+            if decision is not UNAVAILABLE:
+                headers = rate_headers(decision, items)
+                if not decision.allowed:
+                    raise self._denied(decision, items, headers, admission.cost)
+                held["reservation"], held["headers"] = decision.reservation_id, headers
+        estimate = self.policy.bill(admission.prompt_tokens, admission.max_completion * admission.n)
+        from ..usage.middleware import to_micro
+
+        budgets = budget_items(key, to_micro(estimate["total_units"]), now)
+        if budgets:
+            decision = await self._limiter_call(self.limiter.reserve_quota, budgets)
+            if decision is not UNAVAILABLE and not decision.allowed:
+                await self._release(held)
+                raise Rejection(429, "insufficient_quota", "this API key's budget is used up for the "
+                                f"{'day' if any(':day:' in n for n in decision.blocking) else 'month'}; retrying "
+                                "will not help until it resets or an operator raises it", type_="insufficient_quota")
+            held["budget"] = decision.reservation_id if decision is not UNAVAILABLE else None
+        if key.max_concurrent:
+            name = f"slots:{key.key_id}"
+            slot = await self._limiter_call(self.limiter.acquire_slot, name, key.max_concurrent, SLOT_LEASE_S)
+            if slot is UNAVAILABLE:
+                slot = None
+            elif slot is None:
+                await self._release(held)
+                raise Rejection(429, "rate_limit_exceeded", f"this API key allows {key.max_concurrent} concurrent "
+                                "requests; wait for one to finish", type_="requests",
+                                headers={**held["headers"], "retry-after": "1"})
+            held["slot"], held["slot_name"] = slot, name
+        return held
+
+    def _denied(self, decision, items, headers, cost) -> Rejection:
+        names = ", ".join(decision.blocking)
+        if decision.too_large:
+            limit = min(limit for name, limit, _, amount in items if amount == cost and name.endswith(":tpm"))
+            return Rejection(429, "rate_limit_exceeded", f"this request needs {cost} tokens (prompt + max_tokens) "
+                             f"but the limit is {limit} tokens per minute: it can never fit; lower max_tokens or "
+                             "shorten the prompt", type_="tokens", headers=headers)
+        retry = max(1, math.ceil(decision.retry_after_s))
+        kind = "tokens" if all(n.endswith(":tpm") for n in decision.blocking) else "requests"
+        return Rejection(429, "rate_limit_exceeded", f"rate limit reached ({names}); retry after {retry} s",
+                         type_=kind, headers={**headers, "retry-after": str(retry)})
+
+    async def _release(self, held) -> None:
+        if held["reservation"]:
+            await self._limiter_call(self.limiter.release, held["reservation"])
+
+    async def _renew_slot(self, held) -> None:
+        while True:
+            await asyncio.sleep(SLOT_LEASE_S / 3)
+            await self._limiter_call(self.limiter.renew_slot, held["slot_name"], held["slot"], SLOT_LEASE_S)
+
+    def _reconcile(self, held, record) -> None:
+        """Ledger callback (event loop): refund what the engine did not use, charge budgets their actual cost."""
+        actual = record.engine_prompt_tokens + record.completion_tokens
+        adjust = {name: (amount if name.endswith(":rpm") else min(actual, amount))
+                  for name, _, _, amount in held["items"]}
+        loop = asyncio.get_running_loop()
+        if held["reservation"]:
+            loop.run_in_executor(None, self.limiter.adjust, held["reservation"], adjust)
+        if held["budget"]:
+            loop.run_in_executor(None, self.limiter.adjust_quota, held["budget"], record.billed_total_micro)
+        if self.on_spike is not None:
+            self.on_spike(held["key"], record)
+
+
+def check_admin(scope, admin_key: str) -> bool:
+    """Constant-time check of the admin bearer token."""
+    token = bearer(scope)
+    return bool(admin_key) and token is not None and hmac.compare_digest(token.encode(), admin_key.encode())

@@ -1,0 +1,35 @@
+"""Wiring of the gateway into a vLLM server (called by the endpoint plugin in each API-server process)."""
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("qwen_vllm_ext.gateway")
+
+
+def limiter_location(settings) -> str:
+    if settings.limiter_backend == "redis":
+        return settings.limiter_redis_url or settings.ledger_redis_url
+    return os.path.join(settings.data_dir, "limiter.sqlite3")
+
+
+def attach(app, settings) -> None:
+    """Add the gateway middleware and admin routes. Raises when a configured store cannot be reached."""
+    from prometheus_client import Counter
+    from qwen_v3_calculator.billing import get_policy
+
+    from . import admin
+    from .keys import KeyCache, open_key_store
+    from .limiter import open_limiter
+    from .middleware import GatewayMiddleware
+    from .spike import SpikeBreaker
+
+    os.makedirs(settings.data_dir, exist_ok=True)
+    key_store = open_key_store(settings=settings)
+    limiter = open_limiter(settings.limiter_backend, limiter_location(settings))
+    breaker = SpikeBreaker(settings, limiter, key_store, lambda: app.state.qwen_ledger_store,
+                           counter=Counter("qwen_ext_keys_suspended", "API keys suspended by the spike breaker"))
+    app.add_middleware(GatewayMiddleware, settings=settings, keys=KeyCache(key_store), limiter=limiter,
+                       policy=get_policy(settings.billing_policy), on_spike=breaker.observe)
+    admin.attach(app, key_store, settings.admin_key)
+    logger.info("qwen-vllm-ext: gateway on (keys: %s, limiter: %s)", settings.ledger_backend, settings.limiter_backend)
