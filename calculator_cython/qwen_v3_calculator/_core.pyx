@@ -111,10 +111,10 @@ DEF F_M = 4
 DEF F_WS = 8
 DEF F_UNSAFE = 16      # not NFC_QC=Yes, or ccc != 0
 DEF F_CRLF = 32
-DEF SHORT_BPE = 24     # pieces up to this many bytes use the array merge loop, longer ones a heap
-DEF CACHE_BITS = 15
-DEF CACHE_KEY = 24
-DEF CACHE_IDS = 12
+DEF SHORT_BPE = 32     # pieces of up to this many initial symbols use the array merge loop, longer ones a heap
+DEF CACHE_BITS = 15    # piece cache: 2**15 sets of 2 ways, 64-byte entries (4 MiB, zero pages lazily)
+DEF CACHE_KEY = 24     # pieces of 2..24 bytes are cached (key = three zero-padded little-endian words)
+DEF CACHE_IDS = 9
 DEF SBASE = 0xAC00
 DEF LBASE = 0x1100
 DEF VBASE = 0x1161
@@ -293,11 +293,26 @@ ctypedef struct PairEnt:
     int32_t new_id
 
 ctypedef struct CacheEnt:
-    uint64_t h
+    uint64_t w[3]         # the piece's bytes, zero-padded little-endian words
+    int32_t ids[CACHE_IDS]
     uint8_t klen          # 0 = empty
     uint8_t nids
-    uint8_t key[CACHE_KEY]
-    int32_t ids[CACHE_IDS]
+    uint8_t pad[2]
+
+ctypedef struct CharEnt:  # a multi-byte character whose own token may start the merge (see _build_chars)
+    int32_t tok           # -1: start from its bytes
+    int32_t risk          # -1: safe next to any neighbour; else index into risk_hdr
+
+ctypedef struct RiskHdr:
+    int32_t off           # into risk_ent: nl left entries, then nr right entries
+    uint8_t nl
+    uint8_t nr
+
+ctypedef struct RiskEnt:  # a neighbour (packed little-endian UTF-8 bytes) next to which the char is not safe
+    uint32_t val
+    uint8_t vlen
+    uint8_t kind          # RK_CHAR: neighbour == val; RK_END: neighbour ends with val (left);
+                          # RK_START: neighbour starts with val (right); both proper, multi-byte neighbours
 
 
 cdef inline uint64_t _hbytes(const uint8_t* p, Py_ssize_t n) noexcept nogil:
@@ -319,6 +334,100 @@ cdef inline uint64_t _hbytes(const uint8_t* p, Py_ssize_t n) noexcept nogil:
     return h
 
 
+cdef inline void _load3(const uint8_t* p, Py_ssize_t n, uint64_t* w) noexcept nogil:
+    """The 1..24 bytes at p as three zero-padded little-endian words (no read outside p[0:n])."""
+    cdef uint64_t a
+    cdef uint32_t x, y
+    cdef Py_ssize_t k, r
+    w[0] = 0
+    w[1] = 0
+    w[2] = 0
+    if n >= 8:
+        k = n >> 3
+        memcpy(&w[0], p, 8)
+        if k >= 2:
+            memcpy(&w[1], p + 8, 8)
+            if k >= 3:
+                memcpy(&w[2], p + 16, 8)
+        r = n & 7
+        if r:
+            memcpy(&a, p + n - 8, 8)
+            w[k] = a >> (8 * (8 - r))
+    elif n >= 4:
+        memcpy(&x, p, 4)
+        memcpy(&y, p + n - 4, 4)
+        w[0] = <uint64_t> x | (<uint64_t> y << (8 * (n - 4)))
+    else:
+        w[0] = (<uint64_t> p[0]) | (<uint64_t> p[n >> 1] << (8 * (n >> 1))) | (<uint64_t> p[n - 1] << (8 * (n - 1)))
+
+
+cdef inline uint64_t _hwords(const uint64_t* w, Py_ssize_t n) noexcept nogil:
+    cdef uint64_t h = (w[0] * 0x9E3779B97F4A7C15ULL) ^ (w[1] * 0xC2B2AE3D27D4EB4FULL) \
+        ^ ((w[2] + <uint64_t> n) * 0x165667B19E3779F9ULL)
+    h ^= h >> 29
+    h *= 0xBF58476D1CE4E5B9ULL
+    h ^= h >> 32
+    return h
+
+
+cdef inline uint64_t _hkey(const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    """Hash of a byte string: _hwords of its padded words up to 24 bytes, _hbytes beyond."""
+    cdef uint64_t w[3]
+    if 0 < n <= CACHE_KEY:
+        _load3(p, n, w)
+        return _hwords(w, n)
+    return _hbytes(p, n)
+
+
+cdef inline int _u8len(uint8_t b) noexcept nogil:
+    if b < 0x80:
+        return 1
+    if b < 0xE0:
+        return 2
+    if b < 0xF0:
+        return 3
+    return 4
+
+
+cdef inline uint32_t _pack(const uint8_t* p, int n) noexcept nogil:
+    """Up to 4 bytes as a little-endian integer."""
+    cdef uint32_t v = 0
+    cdef int k
+    for k in range(n):
+        v |= (<uint32_t> p[k]) << (8 * k)
+    return v
+
+
+cdef list _risk_list(const RiskEnt* ent, int n):
+    cdef list out = []
+    cdef int i, k
+    cdef bytearray val
+    for i in range(n):
+        val = bytearray(ent[i].vlen)
+        for k in range(ent[i].vlen):
+            val[k] = (ent[i].val >> (8 * k)) & 0xFF
+        out.append((ent[i].kind, bytes(val)))
+    return out
+
+
+cdef inline bint _allcont(const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t k
+    for k in range(n):
+        if not (0x80 <= p[k] < 0xC0):
+            return False
+    return True
+
+
+cdef inline bint _risk_match(const RiskEnt* e, uint32_t nb, int nlen) noexcept nogil:
+    if e.kind == 0:
+        return nlen == e.vlen and nb == e.val
+    if nlen <= e.vlen:
+        return False
+    if e.kind == 1:
+        return (nb >> (8 * (nlen - e.vlen))) == e.val
+    return (nb & ((1u << (8 * e.vlen)) - 1)) == e.val
+
+
 cdef inline uint64_t _hpair(uint64_t key) noexcept nogil:
     key *= 0x9E3779B97F4A7C15ULL
     return key ^ (key >> 29)
@@ -336,7 +445,16 @@ cdef class Engine:
     cdef PairEnt* ptab
     cdef uint64_t pmask
     cdef int32_t byte_id[256]
-    cdef CacheEnt* cache
+    cdef int32_t maxtok           # longest token (bytes)
+    cdef CacheEnt* cache          # 64-byte aligned inside cache_raw
+    cdef void* cache_raw
+    cdef CharEnt* cbmp            # per BMP code point (owned like the vocabulary)
+    cdef uint32_t* csupp_cp       # sorted supplementary code points with an entry
+    cdef CharEnt* csupp
+    cdef Py_ssize_t ncsupp
+    cdef RiskHdr* risk_hdr
+    cdef RiskEnt* risk_ent
+    cdef public bint premerge     # start merges from safe characters' own tokens (exact; off = plain bytes)
     cdef public int rule          # 0 = qwen2, 1 = qwen35
     cdef public bint nfc          # NFC-normalize segments (tokenizer.json normalizer NFC vs none)
     cdef bint owns                # False for clones: vocabulary tables belong to `owner`
@@ -370,6 +488,15 @@ cdef class Engine:
         self.vtab = NULL
         self.ptab = NULL
         self.cache = NULL
+        self.cache_raw = NULL
+        self.cbmp = NULL
+        self.csupp_cp = NULL
+        self.csupp = NULL
+        self.ncsupp = 0
+        self.risk_hdr = NULL
+        self.risk_ent = NULL
+        self.premerge = True
+        self.maxtok = 0
         self.nadd = 0
         self.add_arena = NULL
         self.add_off = NULL
@@ -394,8 +521,9 @@ cdef class Engine:
     def __dealloc__(self):
         if self.owns:
             free(self.arena); free(self.tok_off); free(self.tok_len); free(self.selfok); free(self.vtab)
-            free(self.ptab)
-        free(self.cache); free(self.add_arena); free(self.add_off); free(self.add_len)
+            free(self.ptab); free(self.cbmp); free(self.csupp_cp); free(self.csupp)
+            free(self.risk_hdr); free(self.risk_ent)
+        free(self.cache_raw); free(self.add_arena); free(self.add_off); free(self.add_len)
         free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf)
         free(self.hsym); free(self.hheap)
 
@@ -411,15 +539,26 @@ cdef class Engine:
             cap <<= 1
         self.vmask = cap - 1
         self.vtab = <int32_t*> malloc(cap * sizeof(int32_t))
-        self.cache = <CacheEnt*> calloc(1 << CACHE_BITS, sizeof(CacheEnt))
         if (self.arena == NULL or self.tok_off == NULL or self.tok_len == NULL or self.selfok == NULL
-                or self.vtab == NULL or self.cache == NULL):
+                or self.vtab == NULL):
             raise MemoryError()
+        self._alloc_cache()
         memset(self.vtab, 0xFF, cap * sizeof(int32_t))
         return 0
 
+    cdef int _alloc_cache(self) except -1:
+        # calloc of a large block maps zero pages lazily: no load-time cost for untouched entries
+        self.cache_raw = calloc((2 << CACHE_BITS) * sizeof(CacheEnt) + 64, 1)
+        if self.cache_raw == NULL:
+            raise MemoryError()
+        self.cache = <CacheEnt*> ((<size_t> self.cache_raw + 63) & ~(<size_t> 63))
+        return 0
+
     cdef inline int32_t _vlookup(self, const uint8_t* p, Py_ssize_t n) noexcept nogil:
-        cdef uint64_t slot = _hbytes(p, n) & self.vmask
+        return self._vlookup_h(p, n, _hkey(p, n))
+
+    cdef inline int32_t _vlookup_h(self, const uint8_t* p, Py_ssize_t n, uint64_t h) noexcept nogil:
+        cdef uint64_t slot = h & self.vmask
         cdef int32_t t
         while True:
             t = self.vtab[slot]
@@ -438,7 +577,9 @@ cdef class Engine:
                 continue
             if self._vlookup(self.arena + self.tok_off[t], self.tok_len[t]) >= 0:
                 raise ValueError(f"duplicate token bytes for id {t}")
-            slot = _hbytes(self.arena + self.tok_off[t], self.tok_len[t]) & self.vmask
+            slot = _hkey(self.arena + self.tok_off[t], self.tok_len[t]) & self.vmask
+            if self.tok_len[t] > self.maxtok:
+                self.maxtok = self.tok_len[t]
             while self.vtab[slot] >= 0:
                 slot = (slot + 1) & self.vmask
             self.vtab[slot] = t
@@ -503,6 +644,269 @@ cdef class Engine:
             free(tmp)
         return 0
 
+    cdef int _build_chars(self) except -1:
+        """Which multi-byte characters may enter the merge loop as their own token instead of as bytes.
+
+        BPE (lowest-ranked applicable merge first, leftmost on ties) over a piece's bytes gives the same result
+        as BPE started with character c already merged into its token T(c) when, with R(c) the highest rank
+        among the merges that turn c's bytes alone into T(c):
+          (a) BPE of c's bytes alone gives exactly [T(c)];
+          (b) every merge with T(c) as one side has a rank > R(c);
+          (c) every merge that could join a proper fragment of c (c[k:] on its right edge, c[:k] on its left
+              edge) with a symbol next to c, given c's actual neighbouring characters, has a rank > R(c).
+        Proof sketch: while c is not yet whole, one of its internal merges (rank <= R(c)) is applicable, so a
+        merge that crosses c's boundary, or uses T(c), can never be the lowest-ranked one before c is whole by
+        (b) and (c); c's internal merges happen in the same order as alone (a); and every other merge sees the
+        same symbols in both runs. Induction over the characters extends it to all of them at once.
+        For (c), a symbol X that ends where c begins (in valid UTF-8) ends with the whole previous character p,
+        or is a proper suffix of p (continuation bytes only); a symbol Y that starts where c ends begins with
+        the whole next character, or is a proper prefix of it. So each merge (c[k:], Y) or (X, c[:k]) with
+        rank < R(c) is recorded as a "risk": next to which neighbours (that character exactly, or any
+        multi-byte character ending/starting with those bytes) c must stay as bytes. Few merges in a byte-level
+        vocabulary join fragments of characters, so nearly all characters are safe next to nearly everything.
+        """
+        cdef Py_ssize_t cap = self.pmask + 1, i, t, k, j, nrisk = 0, riskcap = 0, nhdr = 0, hdrcap = 0
+        cdef int32_t* use = <int32_t*> malloc((self.ntok + 1) * sizeof(int32_t))
+        cdef int32_t a, b, r, R, cur, nid, bi, nsym
+        cdef int la, lb, L, ln
+        cdef const uint8_t* pa
+        cdef const uint8_t* pb
+        cdef uint32_t cp, packed
+        cdef uint8_t enc[4]
+        cdef int32_t sym[4]
+        cdef CharEnt* cbmp = NULL
+        cdef RiskHdr* hdr = NULL
+        cdef RiskEnt* ent = NULL
+        cdef RiskHdr* hnew
+        cdef RiskEnt* enew
+        cdef PairEnt* pe
+        # risk merges: (key, klen, rank, kind, val, vlen); right: key = suffix fragment (left side of the merge);
+        # left: key = prefix fragment (right side of the merge)
+        cdef Py_ssize_t nrr, nlr
+        cdef int nl, nr, side
+        cdef int32_t ri
+        cdef uint32_t* rec
+        cdef uint32_t* rr = NULL
+        cdef uint32_t* lr = NULL
+        if use == NULL:
+            raise MemoryError()
+        try:
+            for t in range(self.ntok + 1):
+                use[t] = INT32_MAX
+            rr_list = []
+            lr_list = []
+            for i in range(cap):
+                pe = &self.ptab[i]
+                if pe.key == UINT64_MAX:
+                    continue
+                a = <int32_t> (pe.key >> 32)
+                b = <int32_t> (pe.key & 0xFFFFFFFFULL)
+                r = pe.rank
+                if a < 0 or b < 0 or a >= self.ntok or b >= self.ntok:
+                    continue
+                if r < use[a]:
+                    use[a] = r
+                if r < use[b]:
+                    use[b] = r
+                la = self.tok_len[a]
+                lb = self.tok_len[b]
+                if la <= 0 or lb <= 0:
+                    continue
+                pa = self.arena + self.tok_off[a]
+                pb = self.arena + self.tok_off[b]
+                if la <= 3 and _allcont(pa, la) and not (0x80 <= pb[0] < 0xC0):
+                    if pb[0] >= 0xC0 and lb < _u8len(pb[0]) and _allcont(pb + 1, lb - 1):
+                        rr_list.append((_pack(pa, la), la, r, 2, _pack(pb, lb), lb))
+                    else:
+                        L = _u8len(pb[0])
+                        if lb >= L:
+                            rr_list.append((_pack(pa, la), la, r, 0, _pack(pb, L), L))
+                if pb[0] >= 0xC0 and lb < _u8len(pb[0]) and _allcont(pb + 1, lb - 1) and pa[la - 1] < 0xC0:
+                    if la <= 3 and _allcont(pa, la):
+                        lr_list.append((_pack(pb, lb), lb, r, 1, _pack(pa, la), la))
+                    else:
+                        k = la - 1
+                        while k > 0 and 0x80 <= pa[k] < 0xC0 and la - k < 4:
+                            k -= 1
+                        if not (0x80 <= pa[k] < 0xC0) and _u8len(pa[k]) == la - k:
+                            lr_list.append((_pack(pb, lb), lb, r, 0, _pack(pa + k, <int> (la - k)), la - k))
+            nrr = len(rr_list)
+            nlr = len(lr_list)
+            rr = <uint32_t*> malloc((nrr + 1) * 6 * sizeof(uint32_t))
+            lr = <uint32_t*> malloc((nlr + 1) * 6 * sizeof(uint32_t))
+            if rr == NULL or lr == NULL:
+                raise MemoryError()
+            for i in range(nrr):
+                for k in range(6):
+                    rr[6 * i + k] = rr_list[i][k]
+            for i in range(nlr):
+                for k in range(6):
+                    lr[6 * i + k] = lr_list[i][k]
+            cbmp = <CharEnt*> malloc(0x10000 * sizeof(CharEnt))
+            if cbmp == NULL:
+                raise MemoryError()
+            for i in range(0x10000):
+                cbmp[i].tok = -1
+                cbmp[i].risk = -1
+            supp = []
+            for t in range(self.ntok):
+                ln = self.tok_len[t]
+                if ln < 2 or ln > 4:
+                    continue
+                pa = self.arena + self.tok_off[t]
+                if pa[0] < 0xC2 or _u8len(pa[0]) != ln or not _allcont(pa + 1, ln - 1):
+                    continue
+                cp = _dec(pa, 0, &L)
+                if cp > 0x10FFFF or _put_utf8(enc, cp) != ln or memcmp(enc, pa, ln) != 0:
+                    continue
+                # (a): merge the bytes alone, noting the highest rank used
+                for k in range(ln):
+                    sym[k] = self.byte_id[pa[k]]
+                nsym = ln
+                R = -1
+                while nsym > 1:
+                    cur = INT32_MAX
+                    bi = -1
+                    for k in range(nsym - 1):
+                        r = self._prank(sym[k], sym[k + 1], &nid)
+                        if r < cur:
+                            cur = r
+                            bi = k
+                    if bi < 0:
+                        break
+                    self._prank(sym[bi], sym[bi + 1], &nid)
+                    sym[bi] = nid
+                    for k in range(bi + 1, nsym - 1):
+                        sym[k] = sym[k + 1]
+                    nsym -= 1
+                    if cur > R:
+                        R = cur
+                if nsym != 1 or sym[0] != t:
+                    continue
+                if use[t] <= R:                      # (b)
+                    continue
+                packed = _pack(pa, ln)
+                k = nrisk
+                nl = 0
+                nr = 0
+                for side in range(2):
+                    for i in range(nlr if side == 0 else nrr):
+                        rec = (lr if side == 0 else rr) + 6 * i
+                        if <int32_t> rec[2] >= R or rec[1] >= <uint32_t> ln:
+                            continue
+                        if side == 0:               # key = c[:klen]
+                            if (packed & ((1u << (8 * rec[1])) - 1)) != rec[0]:
+                                continue
+                        elif (packed >> (8 * (ln - rec[1]))) != rec[0]:   # key = c[ln - klen:]
+                            continue
+                        if nrisk >= riskcap:
+                            riskcap = max(64, 2 * riskcap)
+                            enew = <RiskEnt*> realloc(ent, riskcap * sizeof(RiskEnt))
+                            if enew == NULL:
+                                raise MemoryError()
+                            ent = enew
+                        ent[nrisk].val = rec[4]
+                        ent[nrisk].vlen = <uint8_t> rec[5]
+                        ent[nrisk].kind = <uint8_t> rec[3]
+                        nrisk += 1
+                        if side == 0:
+                            nl += 1
+                        else:
+                            nr += 1
+                ri = -1
+                if nl or nr:
+                    if nl > 255 or nr > 255:
+                        continue                     # never in practice; stay on the byte path
+                    if nhdr >= hdrcap:
+                        hdrcap = max(64, 2 * hdrcap)
+                        hnew = <RiskHdr*> realloc(hdr, hdrcap * sizeof(RiskHdr))
+                        if hnew == NULL:
+                            raise MemoryError()
+                        hdr = hnew
+                    hdr[nhdr].off = <int32_t> k
+                    hdr[nhdr].nl = <uint8_t> nl
+                    hdr[nhdr].nr = <uint8_t> nr
+                    ri = nhdr
+                    nhdr += 1
+                if cp < 0x10000:
+                    cbmp[cp].tok = t
+                    cbmp[cp].risk = ri
+                else:
+                    supp.append((cp, t, ri))
+            supp.sort()
+            self.ncsupp = len(supp)
+            self.csupp_cp = <uint32_t*> malloc((self.ncsupp + 1) * sizeof(uint32_t))
+            self.csupp = <CharEnt*> malloc((self.ncsupp + 1) * sizeof(CharEnt))
+            if self.csupp_cp == NULL or self.csupp == NULL:
+                raise MemoryError()
+            for i in range(self.ncsupp):
+                self.csupp_cp[i] = supp[i][0]
+                self.csupp[i].tok = supp[i][1]
+                self.csupp[i].risk = supp[i][2]
+            self.risk_hdr = hdr
+            self.risk_ent = ent
+            self.cbmp = cbmp
+            hdr = NULL
+            ent = NULL
+            cbmp = NULL
+        finally:
+            free(use)
+            free(rr)
+            free(lr)
+            free(hdr)
+            free(ent)
+            free(cbmp)
+        return 0
+
+    def premerge_table(self):
+        """{code point: (token, [(kind, neighbour bytes) left...], [(kind, neighbour bytes) right...])} for the
+        characters that may start as their own token (kind: 0 = that character, 1 = a longer multi-byte
+        character ending with these bytes, 2 = one starting with them). For tests and diagnostics."""
+        cdef Py_ssize_t i, k
+        cdef uint32_t cp
+        cdef const CharEnt* ce
+        cdef const RiskHdr* hd
+        cdef const RiskEnt* ren
+        cdef dict out = {}
+        cdef list left, right, cps
+        if self.cbmp == NULL:
+            return out
+        cps = []
+        for i in range(0x10000):
+            if self.cbmp[i].tok >= 0:
+                cps.append(i)
+        for i in range(self.ncsupp):
+            cps.append(self.csupp_cp[i])
+        for k in range(len(cps)):
+            cp = cps[k]
+            ce = self._char(cp)
+            left = []
+            right = []
+            if ce.risk >= 0:
+                hd = &self.risk_hdr[ce.risk]
+                left = _risk_list(self.risk_ent + hd.off, hd.nl)
+                right = _risk_list(self.risk_ent + hd.off + hd.nl, hd.nr)
+            out[cp] = (ce.tok, left, right)
+        return out
+
+    def premerge_stats(self):
+        """(characters that may start as their own token, of which with a risk list, risk entries)."""
+        cdef Py_ssize_t i, n = 0, nr = 0, ne = 0
+        if self.cbmp == NULL:
+            return (0, 0, 0)
+        for i in range(0x10000):
+            if self.cbmp[i].tok >= 0:
+                n += 1
+                if self.cbmp[i].risk >= 0:
+                    nr += 1
+                    ne += self.risk_hdr[self.cbmp[i].risk].nl + self.risk_hdr[self.cbmp[i].risk].nr
+        for i in range(self.ncsupp):
+            n += 1
+            if self.csupp[i].risk >= 0:
+                nr += 1
+                ne += self.risk_hdr[self.csupp[i].risk].nl + self.risk_hdr[self.csupp[i].risk].nr
+        return (n, nr, ne)
+
     @staticmethod
     def from_tiktoken(bytes data):
         """Engine from a tiktoken rank file (rank == id); merges derived as HF's exporter does."""
@@ -566,6 +970,7 @@ cdef class Engine:
         e._vinsert_all()
         e._alloc_pairs(count)
         e._derive_merges()
+        e._build_chars()
         e._finish()
         return e
 
@@ -649,6 +1054,7 @@ cdef class Engine:
         e._alloc_pairs(nm)
         for m in range(nm):
             e._pinsert(merges[3 * m], merges[3 * m + 1], <int32_t> m, merges[3 * m + 2])
+        e._build_chars()
         e._finish()
         return e
 
@@ -692,9 +1098,15 @@ cdef class Engine:
         e.ptab = self.ptab
         e.pmask = self.pmask
         memcpy(e.byte_id, self.byte_id, sizeof(self.byte_id))
-        e.cache = <CacheEnt*> calloc(1 << CACHE_BITS, sizeof(CacheEnt))
-        if e.cache == NULL:
-            raise MemoryError()
+        e.maxtok = self.maxtok
+        e.cbmp = self.cbmp
+        e.csupp_cp = self.csupp_cp
+        e.csupp = self.csupp
+        e.ncsupp = self.ncsupp
+        e.risk_hdr = self.risk_hdr
+        e.risk_ent = self.risk_ent
+        e.premerge = self.premerge
+        e._alloc_cache()
         e.rule = self.rule
         e.nfc = self.nfc
         return e
@@ -710,19 +1122,114 @@ cdef class Engine:
 
     # ------------------------------------------------------------ BPE
     cdef Py_ssize_t _bpe_into(self, const uint8_t* p, Py_ssize_t n, int32_t* dst) noexcept nogil:
-        """HF BPE of one piece: repeatedly apply the lowest-ranked merge (leftmost on ties)."""
+        """HF BPE of one piece from its bytes: repeatedly apply the lowest-ranked merge (leftmost on ties).
+        Long pieces need _ensure_scratch(n) first."""
         cdef int32_t ids[SHORT_BPE]
-        cdef int32_t rk[SHORT_BPE]
-        cdef int32_t nid[SHORT_BPE]
-        cdef Py_ssize_t k, m, bi
-        cdef int32_t best
+        cdef Py_ssize_t k
         if n > SHORT_BPE:
-            return self._bpe_long(p, n, dst)
+            if n > self.hcap:
+                return -1
+            for k in range(n):
+                self.hsym[k] = self.byte_id[p[k]]
+            return self._merge_long(n, dst)
         for k in range(n):
             ids[k] = self.byte_id[p[k]]
-        for k in range(n - 1):
+        return self._merge_short(ids, n, dst)
+
+    cdef Py_ssize_t _bpe_text(self, const uint8_t* p, Py_ssize_t n, int32_t* dst) noexcept nogil:
+        """The same result for a piece of valid UTF-8 text, starting from characters' own tokens where that
+        is provably the same (_build_chars). Needs _ensure_scratch(n) first for n > SHORT_BPE."""
+        cdef int32_t ids[SHORT_BPE]
+        cdef Py_ssize_t m
+        if not self.premerge or self.cbmp == NULL:
+            return self._bpe_into(p, n, dst)
+        if n <= SHORT_BPE:
+            m = self._syms(p, n, ids)
+            return self._merge_short(ids, m, dst)
+        if n > self.hcap:
+            return -1
+        m = self._syms(p, n, self.hsym)
+        if m <= SHORT_BPE:
+            memcpy(ids, self.hsym, m * sizeof(int32_t))
+            return self._merge_short(ids, m, dst)
+        return self._merge_long(m, dst)
+
+    cdef inline const CharEnt* _char(self, uint32_t cp) noexcept nogil:
+        cdef Py_ssize_t lo, hi, mid
+        if cp < 0x10000:
+            return &self.cbmp[cp]
+        lo = 0
+        hi = self.ncsupp - 1
+        while lo <= hi:
+            mid = (lo + hi) >> 1
+            if self.csupp_cp[mid] == cp:
+                return &self.csupp[mid]
+            if self.csupp_cp[mid] < cp:
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        return NULL
+
+    cdef bint _risky(self, int32_t ri, uint32_t pb, int plen, const uint8_t* q, Py_ssize_t qn) noexcept nogil:
+        """Is the character with risk list ri unsafe between neighbour pb (plen bytes, 0: none) and the text
+        at q (qn bytes, 0: none)?"""
+        cdef const RiskHdr* hd = &self.risk_hdr[ri]
+        cdef const RiskEnt* ent = self.risk_ent + hd.off
+        cdef int k, nl
+        cdef uint32_t nb
+        if plen > 0:
+            for k in range(hd.nl):
+                if _risk_match(&ent[k], pb, plen):
+                    return True
+        if hd.nr and qn > 0:
+            nl = _u8len(q[0])
+            nb = _pack(q, nl)
+            for k in range(hd.nr):
+                if _risk_match(&ent[hd.nl + k], nb, nl):
+                    return True
+        return False
+
+    cdef Py_ssize_t _syms(self, const uint8_t* p, Py_ssize_t n, int32_t* ids) noexcept nogil:
+        """Initial symbols of a piece of valid UTF-8: bytes, except safe multi-byte characters as one token."""
+        cdef Py_ssize_t i = 0, m = 0, k
+        cdef uint8_t b
+        cdef int ln
+        cdef uint32_t cp, pb = 0, cb
+        cdef int plen = 0
+        cdef const CharEnt* ce
+        while i < n:
+            b = p[i]
+            if b < 0x80:
+                ids[m] = self.byte_id[b]
+                m += 1
+                pb = b
+                plen = 1
+                i += 1
+                continue
+            cp = _dec(p, i, &ln)
+            cb = _pack(p + i, ln)
+            ce = self._char(cp)
+            if ce != NULL and ce.tok >= 0 and (
+                    ce.risk < 0 or not self._risky(ce.risk, pb, plen, p + i + ln, n - i - ln)):
+                ids[m] = ce.tok
+                m += 1
+            else:
+                for k in range(ln):
+                    ids[m + k] = self.byte_id[p[i + k]]
+                m += ln
+            pb = cb
+            plen = ln
+            i += ln
+        return m
+
+    cdef Py_ssize_t _merge_short(self, int32_t* ids, Py_ssize_t m, int32_t* dst) noexcept nogil:
+        """Array merge loop over m <= SHORT_BPE initial symbols (ids is clobbered)."""
+        cdef int32_t rk[SHORT_BPE]
+        cdef int32_t nid[SHORT_BPE]
+        cdef Py_ssize_t k, bi
+        cdef int32_t best
+        for k in range(m - 1):
             rk[k] = self._prank(ids[k], ids[k + 1], &nid[k])
-        m = n
         while m > 1:
             best = INT32_MAX
             bi = -1
@@ -744,8 +1251,9 @@ cdef class Engine:
         memcpy(dst, ids, m * sizeof(int32_t))
         return m
 
-    cdef Py_ssize_t _bpe_long(self, const uint8_t* p, Py_ssize_t n, int32_t* dst) noexcept nogil:
-        """O(n log n) BPE for long pieces: linked list of symbols + binary min-heap of (rank, pos)."""
+    cdef Py_ssize_t _merge_long(self, Py_ssize_t n, int32_t* dst) noexcept nogil:
+        """O(n log n) merge loop over the n initial symbols in self.hsym[0:n]: linked list of symbols +
+        binary min-heap of (rank, pos)."""
         cdef int32_t* sym = self.hsym
         cdef int32_t* nxt = self.hsym + self.hcap
         cdef int32_t* prv = self.hsym + 2 * self.hcap
@@ -756,7 +1264,6 @@ cdef class Engine:
         if n > self.hcap:
             return -1
         for k in range(n):
-            sym[k] = self.byte_id[p[k]]
             nxt[k] = k + 1 if k + 1 < n else -1
             prv[k] = k - 1
         for k in range(n - 1):
@@ -863,24 +1370,34 @@ cdef class Engine:
         self.outcap = cap
         return 0
 
+    cdef inline int _emit1(self, int32_t t) except -1:
+        if self.counting:
+            self.counted += 1
+        else:
+            if self.nout >= self.outcap:
+                self._ensure_out(1)
+            self.out[self.nout] = t
+            self.nout += 1
+        return 0
+
     cdef int _piece(self, const uint8_t* p, Py_ssize_t n) except -1:
         cdef int32_t t
         cdef uint64_t h
+        cdef uint64_t w[3]
         cdef CacheEnt* ce
         cdef Py_ssize_t m
         if n == 1:
-            if self.counting:
-                self.counted += 1
-            else:
-                self._ensure_out(1)
-                self.out[self.nout] = self.byte_id[p[0]]
-                self.nout += 1
-            return 0
+            return self._emit1(self.byte_id[p[0]])
         ce = NULL
         if n <= CACHE_KEY:
-            h = _hbytes(p, n)
-            ce = &self.cache[h & ((1 << CACHE_BITS) - 1)]
-            if ce.klen == n and ce.h == h and memcmp(ce.key, p, n) == 0:
+            _load3(p, n, w)
+            h = _hwords(w, n)
+            ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
+            if not (ce.klen == n and ce.w[0] == w[0] and ce.w[1] == w[1] and ce.w[2] == w[2]):
+                ce += 1
+                if not (ce.klen == n and ce.w[0] == w[0] and ce.w[1] == w[1] and ce.w[2] == w[2]):
+                    ce = NULL
+            if ce != NULL:
                 if self.counting:
                     self.counted += ce.nids
                 else:
@@ -888,44 +1405,43 @@ cdef class Engine:
                     memcpy(self.out + self.nout, ce.ids, ce.nids * sizeof(int32_t))
                     self.nout += ce.nids
                 return 0
+            # miss: the set's first way becomes the new entry, its old content moves to the second way
+            ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
+            if ce.klen:
+                memcpy(ce + 1, ce, sizeof(CacheEnt))
+            t = self._vlookup_h(p, n, h)
+            if t >= 0 and self.selfok[t]:
+                ce.w[0] = w[0]
+                ce.w[1] = w[1]
+                ce.w[2] = w[2]
+                ce.klen = <uint8_t> n
+                ce.nids = 1
+                ce.ids[0] = t
+                return self._emit1(t)
+        elif n <= self.maxtok:
             t = self._vlookup(p, n)
             if t >= 0 and self.selfok[t]:
-                if self.counting:
-                    self.counted += 1
-                else:
-                    self._ensure_out(1)
-                    self.out[self.nout] = t
-                    self.nout += 1
-                return 0
-        else:
-            t = self._vlookup(p, n)
-            if t >= 0 and self.selfok[t]:
-                if self.counting:
-                    self.counted += 1
-                else:
-                    self._ensure_out(1)
-                    self.out[self.nout] = t
-                    self.nout += 1
-                return 0
-        self._ensure_scratch(n)
+                return self._emit1(t)
+        if n > SHORT_BPE:
+            self._ensure_scratch(n)
+        self._ensure_out(n)     # counting: scratch space at the end of the (unused) output buffer
+        m = self._bpe_text(p, n, self.out + self.nout)
+        if m < 0:
+            raise MemoryError()
+        if ce != NULL:
+            if m <= CACHE_IDS:
+                ce.w[0] = w[0]
+                ce.w[1] = w[1]
+                ce.w[2] = w[2]
+                ce.klen = <uint8_t> n
+                ce.nids = <uint8_t> m
+                memcpy(ce.ids, self.out + self.nout, m * sizeof(int32_t))
+            else:
+                ce.klen = 0
         if self.counting:
-            self._ensure_out(n)     # scratch space at the end of the (unused) output buffer
-            m = self._bpe_into(p, n, self.out + self.nout)
-            if m < 0:
-                raise MemoryError()
             self.counted += m
         else:
-            self._ensure_out(n)
-            m = self._bpe_into(p, n, self.out + self.nout)
-            if m < 0:
-                raise MemoryError()
             self.nout += m
-        if ce != NULL and m <= CACHE_IDS:
-            ce.h = h
-            ce.klen = <uint8_t> n
-            ce.nids = <uint8_t> m
-            memcpy(ce.key, p, n)
-            memcpy(ce.ids, self.out + self.nout - (0 if self.counting else m), m * sizeof(int32_t))
         return 0
 
     # ------------------------------------------------------------ split scanner

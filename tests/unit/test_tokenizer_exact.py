@@ -289,3 +289,95 @@ def test_merged_tokens_encode_to_themselves(qwen3_dir, pairs):
     ref, tok = pairs["bundled"]
     words = [ref.decode([i]) for i in range(256, NUM_BASE_TOKENS, 37)]
     assert_same((ref, tok), [w for w in words if w and "\ufffd" not in w])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The engine's fast path: multi-byte characters may enter the merge loop as their own token (Engine
+# premerge, proven safe per character and per neighbour at load time). Zero tolerance against the reference
+# and against the plain byte-level merge loop of the same engine.
+def _neighbours(kind, raw, pool):
+    if kind == 0:
+        return [raw.decode("utf-8")]
+    if kind == 1:
+        return [c for c, b in pool if b.endswith(raw) and len(b) > len(raw)]
+    return [c for c, b in pool if b.startswith(raw) and len(b) > len(raw)]
+
+
+def _premerge_texts(tok, seed, per_neighbour=2):
+    """Every character that may start as its own token: alone, doubled, in letter runs, after a space, and
+    next to (samples of) every neighbour its risk list names, as in a piece and across pieces."""
+    rnd = random.Random(seed)
+    table = tok._engine.premerge_table()
+    pool = [(chr(c), chr(c).encode()) for c in range(0x80, 0x30000) if not 0xD800 <= c < 0xE000]
+    chars = [chr(c) for c in table]
+    memo = {}
+    texts = []
+    for cp, (_tok, left, right) in table.items():
+        c = chr(cp)
+        parts = [c, c + c, f"a{c}b", f" {c}", f"{c} ", f"x{c * 3}", rnd.choice(chars) + c + rnd.choice(chars)]
+        for side, risks in (("L", left), ("R", right)):
+            for kind, raw in risks:
+                key = (kind, raw)
+                if key not in memo:
+                    memo[key] = _neighbours(kind, raw, pool)
+                for x in rnd.sample(memo[key], min(per_neighbour, len(memo[key]))):
+                    parts += [x + c, c + x, x + c + x, "中" + (x + c if side == "L" else c + x) + "文"]
+        texts.append("|".join(parts))
+    return texts, chars, memo
+
+
+@pytest.mark.parametrize("rule", ["bundled", "qwen35"])
+def test_premerged_characters_with_their_risky_neighbours(pairs, rule):
+    tok = pairs[rule][1]
+    stats = tok._engine.premerge_stats()
+    assert stats[0] > 10_000   # the fast path is in use for most CJK characters
+    texts, _, _ = _premerge_texts(tok, 7)
+    # joined in batches of 16 characters' texts, so that the reference sees a few thousand documents
+    docs = ["\n".join(texts[i:i + 16]) for i in range(0, len(texts), 16)]
+    assert_same(pairs[rule], docs)
+
+
+def test_premerge_equals_byte_level_merge_loop():
+    fast, plain = Tokenizer.bundled(), Tokenizer.bundled()
+    plain._engine.premerge = False
+    texts, chars, memo = _premerge_texts(fast, 11, per_neighbour=4)
+    rnd = random.Random(5)
+    neighbours = [x for xs in memo.values() for x in xs[:40]]
+    for _ in range(4000):   # runs of premerged characters and their risky neighbours, several lengths
+        n = rnd.choice([2, 3, 5, 8, 11, 23, 33, 64, 300])
+        texts.append("".join(rnd.choice(chars) if rnd.random() < 0.85 else rnd.choice(neighbours)
+                             for _ in range(n)))
+    for t in texts:
+        assert fast.encode(t) == plain.encode(t), t
+        assert fast.count(t) == plain.count(t)
+
+
+@pytest.mark.parametrize("rule", ["bundled", "qwen35"])
+def test_every_multibyte_char_in_runs(pairs, rule):
+    """Every 2-, 3- and 4-byte scalar value (planes 0-2 and 14) in letter-like runs of several lengths:
+    consecutive code points, so each meets its neighbours in the code chart."""
+    cps = [c for c in SCALARS if c >= 0x80 and (c < 0x30000 or 0xE0000 <= c < 0xF0000)]
+    texts = []
+    for run in (2, 3, 7, 12, 40):
+        group = [cps[i:i + run] for i in range(0, len(cps), run)]
+        texts += [" ".join("".join(map(chr, g)) for g in group[i:i + 64]) for i in range(0, len(group), 64)]
+    assert_same(pairs[rule], texts)
+
+
+@pytest.mark.parametrize("rule", ["bundled", "qwen35"])
+def test_cjk_heavy_random_text(pairs, rule):
+    rnd = random.Random(20250611)
+    table = pairs[rule][1]._engine.premerge_table()
+    common = [chr(c) for c in table if 0x4E00 <= c <= 0x9FFF]
+    rare = [chr(c) for c in range(0x3400, 0xA000) if chr(c) not in table]
+    other = list("，。！？、：；“”（）《》 \n\t0123456789abcXYZ-_") + ["\u3000", "ー", "の", "한", "é", "😀"]
+    docs = []
+    for _ in range(600):
+        parts = []
+        for _ in range(rnd.randint(1, 40)):
+            n = rnd.choice([1, 2, 3, 4, 6, 9, 16, 30, 48, 120])
+            parts.append("".join(rnd.choice(common) if rnd.random() < 0.9 else rnd.choice(rare)
+                                 for _ in range(n)))
+            parts.append(rnd.choice(other) if rnd.random() < 0.8 else rnd.choice(other) * rnd.randint(2, 4))
+        docs.append("".join(parts))
+    assert_same(pairs[rule], docs)
