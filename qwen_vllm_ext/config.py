@@ -65,6 +65,27 @@ class Settings:
     access_log_rate: float = 0.01
     """Sampling rate of the other responses."""
 
+    # ---- scheduling ----------------------------------------------------------------------------
+    token_weighted_scheduler: bool = False
+    """Monkeypatch mode: the engine core uses the token-weighted scheduler without --scheduler-cls (every
+    launcher profile turns it on)."""
+    sched_output_weight: float = 0.7
+    """Weight of expected output tokens: weight = uncached prompt tokens + this x expected output tokens."""
+    sched_output_cap: int = 1024
+    """Expected output = min(max_tokens, this cap), unless the client hints it (vllm_xargs)."""
+    sched_output_hint_key: str = "expected_output_tokens"
+    """``vllm_xargs`` key through which a client may hint its expected output length."""
+    sched_aging_half_life_s: float = 4.0
+    """Aging: a waiting request's weight halves every this many seconds (0 = no aging)."""
+    sched_max_wait_s: float = 30.0
+    """Hard starvation bound: requests waiting longer are admitted first, in arrival order (0 = none)."""
+    sched_group_ratio: float = 0.0
+    """When > 1, one step admits requests within this factor of the head's weight first (0 = off)."""
+    sched_lookup_candidates: int = 64
+    """Prefix-cache lookups per step only for the first K waiting candidates."""
+    sched_fcfs_above: int = 0
+    """Fall back to arrival order when more than this many requests wait (0 = never)."""
+
     # ---- gateway -------------------------------------------------------------------------------
     gateway: bool = False
     """In-server gateway: scoped API keys, RPM/TPM limits, budgets, rate-limit headers (keys: ``python -m qwen_vllm_ext.keys``)."""

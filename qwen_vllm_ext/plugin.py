@@ -26,9 +26,10 @@ def runtime_patches() -> list:
 
     Each capability's glue module contributes its entries; an apply must be idempotent.
     """
+    from .scheduling import vllm_scheduler
     from .usage.server import runtime_patches as usage_patches
 
-    return [*usage_patches()]
+    return [*usage_patches(), ("token_weighted_scheduler", vllm_scheduler.install, {"engine_core", "api_server"})]
 
 _state: dict | None = None
 
@@ -88,6 +89,7 @@ class EndpointPlugin:
 
         app.include_router(router)
         counting.attach(app)
+        _register_collectors()
         settings = Settings.current()
         ledger = "usage_accounting" in register_general()["patches"]  # the ledger needs the engine hooks
         if settings.gateway:
@@ -109,6 +111,21 @@ class EndpointPlugin:
             state.qwen_max_model_len = engine_client.model_config.max_model_len
 
 
+_collectors_registered = False
+
+
+def _register_collectors() -> None:
+    """Metrics that other processes publish (the engine core's scheduler statistics), once per process."""
+    global _collectors_registered
+    if not _collectors_registered:
+        from prometheus_client import REGISTRY
+
+        from .scheduling.metrics import SchedulerCollector
+
+        REGISTRY.register(SchedulerCollector())
+        _collectors_registered = True
+
+
 def instance_id() -> str:
     from .usage.server import instance_id as usage_instance_id
 
@@ -116,6 +133,8 @@ def instance_id() -> str:
 
 
 def health_report() -> dict:
+    from .scheduling.metrics import scheduler_status
+
     local = register_general()
     processes = status.read_processes()
     roles = sorted({p["role"] for p in processes})
@@ -128,6 +147,7 @@ def health_report() -> dict:
         "features": {"patches": local["patches"]},
         "instance_id": instance_id(),
         "plugin_loaded_in": roles,
+        "scheduler": scheduler_status(),
         "processes": processes,
         "settings": Settings.current().public(),
     }

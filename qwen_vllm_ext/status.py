@@ -40,17 +40,22 @@ def process_role(name: str | None = None) -> str:
     return "other"
 
 
-def record_process(state: dict) -> Path:
-    """Write (atomically) this process's record; returns its path."""
+def write_json(name: str, data: dict) -> Path:
+    """Atomically write ``data`` as ``name`` in the instance directory."""
     directory = instance_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    name = multiprocessing.current_process().name
-    record = {"pid": os.getpid(), "process": name, "role": process_role(name), "time": time.time(), **state}
-    path = directory / f"process-{os.getpid()}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, sort_keys=True))
+    path = directory / name
+    tmp = directory / f".{name}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, sort_keys=True))
     os.replace(tmp, path)
     return path
+
+
+def record_process(state: dict) -> Path:
+    """Write this process's record; returns its path."""
+    name = multiprocessing.current_process().name
+    record = {"pid": os.getpid(), "process": name, "role": process_role(name), "time": time.time(), **state}
+    return write_json(f"process-{os.getpid()}.json", record)
 
 
 def _alive(pid: int) -> bool:
@@ -63,13 +68,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def read_processes() -> list[dict]:
-    """Records of live processes of this instance (dead ones are skipped)."""
+def read_processes(pattern: str = "process-*.json") -> list[dict]:
+    """Records (files matching ``pattern``) of live processes of this instance (dead ones are skipped)."""
     directory = instance_dir(create=False)
     if directory is None or not directory.is_dir():
         return []
     records = []
-    for path in sorted(directory.glob("process-*.json")):
+    for path in sorted(directory.glob(pattern)):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):

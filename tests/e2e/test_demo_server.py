@@ -47,3 +47,27 @@ def test_extension_health_reports_plugin_in_api_server_and_engine_core(demo_serv
     assert health["patching"] is True
     assert {"api_server", "engine_core"} <= set(health["plugin_loaded_in"])
     assert all(p["extension_version"] == __version__ for p in health["processes"])
+
+
+def test_token_weighted_scheduler_active_in_the_engine_core(demo_server, openai_client):
+    """Every profile turns the scheduler on (monkeypatch mode); completions stay correct."""
+    for i in range(3):
+        resp = openai_client.completions.create(model=SERVED_NAME, prompt=f"count {i}", max_tokens=4,
+                                                extra_body={"ignore_eos": True})
+        assert resp.usage.completion_tokens == 4
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        with urllib.request.urlopen(demo_server.base_url + "/qwen_ext/health", timeout=10) as r:
+            health = json.load(r)
+        if health["scheduler"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    engine = [p for p in health["processes"] if p["role"] == "engine_core"]
+    assert engine and "token_weighted_scheduler" in engine[0]["patches"]
+    (scheduler,) = health["scheduler"]
+    assert scheduler["scheduler"] == "TokenWeightedScheduler" and scheduler["stats"]["admitted"] >= 3
+    with urllib.request.urlopen(demo_server.base_url + "/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert "qwen_ext_sched_admitted_total" in metrics and "qwen_ext_sched_queue_wait_p99_seconds" in metrics

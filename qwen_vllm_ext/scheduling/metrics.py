@@ -1,0 +1,46 @@
+"""The token-weighted scheduler's statistics on the API server's ``/metrics`` (and health route).
+
+The scheduler lives in the engine-core process; it publishes ``qwen_status()`` once a second to the server's
+instance directory (:mod:`qwen_vllm_ext.status`). This collector reads those files at scrape time.
+"""
+from __future__ import annotations
+
+from .. import status
+
+
+def scheduler_status() -> list[dict]:
+    """Published status of every live engine core running the token-weighted scheduler."""
+    return status.read_processes("scheduler-*.json")
+
+
+class SchedulerCollector:
+    """prometheus_client custom collector (register once per API-server process)."""
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        statuses = scheduler_status()
+        counters = {
+            "admitted": ("qwen_ext_sched_admitted", "Requests admitted by the token-weighted scheduler"),
+            "max_wait_admissions": ("qwen_ext_sched_max_wait_admissions",
+                                    "Admissions through the max-wait (arrival order) lane"),
+            "cache_hit_tokens": ("qwen_ext_sched_cache_hit_tokens", "Prefix-cache hit tokens at admission"),
+        }
+        for field, (name, doc) in counters.items():
+            family = CounterMetricFamily(name, doc, labels=["pid"])
+            for s in statuses:
+                family.add_metric([str(s["pid"])], s["stats"][field])
+            yield family
+        gauges = {
+            "admitted_weight_std_last": ("qwen_ext_sched_admitted_weight_std",
+                                         "Standard deviation of admitted request weights in the last step"),
+            "admitted_weight_std_mean": ("qwen_ext_sched_admitted_weight_std_mean",
+                                         "Mean per-step standard deviation of admitted weights (recent steps)"),
+            "queue_wait_p50_s": ("qwen_ext_sched_queue_wait_p50_seconds", "Queue wait p50 (recent admissions)"),
+            "queue_wait_p99_s": ("qwen_ext_sched_queue_wait_p99_seconds", "Queue wait p99 (recent admissions)"),
+        }
+        for field, (name, doc) in gauges.items():
+            family = GaugeMetricFamily(name, doc, labels=["pid"])
+            for s in statuses:
+                family.add_metric([str(s["pid"])], s["stats"][field])
+            yield family

@@ -1,0 +1,299 @@
+"""Token-weighted admission policy (pure Python, no vLLM import).
+
+**Weight** of a waiting request, in tokens::
+
+    weight = uncached_prompt_tokens + output_weight * expected_output_tokens
+
+``expected_output_tokens`` is the client's hint (``vllm_xargs`` / ``SamplingParams.extra_args`` key
+``hint_key``, default ``expected_output_tokens``) when it gives one, else ``max_tokens``; either is capped at
+``output_cap`` (``max_tokens`` is often a huge default, not an expectation).
+
+**Aging is multiplicative** (a half-life), not additive::
+
+    effective_weight = weight * 2 ** (-wait_s / aging_half_life_s)
+
+so a request's disadvantage against a fresh one shrinks by half every half-life whatever the weights' scale:
+a 30x heavier request overtakes fresh light ones after ``log2(30) ~= 4.9`` half-lives. An additive aging
+rate (tokens per second) is tied to one weight scale and, once waits reach seconds under overload, swamps
+the weights so the order degenerates to FCFS (the throwaway prototype lost to FCFS at 1.7x load that way).
+Because every request decays at the same rate, the order is *time-invariant*: ranking by
+``log2(weight) + arrival_time / half_life`` is equivalent to ranking by ``effective_weight`` at any instant,
+so a request's rank key is computed once (and again only when its cached-prefix estimate changes). Requests
+of equal weight are served in arrival order; ties are broken by arrival.
+
+**Hard maximum wait**: a request that has waited ``max_wait_s`` or longer is *overdue* and goes before every
+scored request, overdue requests in arrival order. This is the starvation guarantee; aging only shapes the
+order below it.
+
+**Grouping** (optional, ``group_ratio > 1``): after ordering, requests whose weight is within a factor
+``group_ratio`` of the head's weight move ahead of the others (keeping their order) within the first
+``lookup_candidates`` positions, so the requests one step admits have similar token loads.
+
+**FCFS fallback** (optional, ``fcfs_above > 0``): with more scored requests waiting than that, order the
+scored lane by arrival (no prefix-cache lookups), as SGLang does above 128 waiting.
+
+All factors come from settings (``PolicyConfig.from_settings``); see ``SETTING_DEFAULTS``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# Setting name (qwen_vllm_ext.config.Settings field) -> (PolicyConfig field, default).
+SETTING_DEFAULTS: dict[str, tuple[str, Any]] = {
+    "sched_output_weight": ("output_weight", 0.7),
+    "sched_output_cap": ("output_cap", 1024),
+    "sched_output_hint_key": ("hint_key", "expected_output_tokens"),
+    "sched_aging_half_life_s": ("aging_half_life_s", 4.0),
+    "sched_max_wait_s": ("max_wait_s", 30.0),
+    "sched_group_ratio": ("group_ratio", 0.0),
+    "sched_lookup_candidates": ("lookup_candidates", 64),
+    "sched_fcfs_above": ("fcfs_above", 0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    """The policy's factors. Defaults serve most loads; every one is a setting (``SETTING_DEFAULTS``)."""
+
+    output_weight: float = 0.7
+    """Weight of one expected output token relative to one uncached prompt token."""
+    output_cap: int = 1024
+    """Cap on expected output tokens (``max_tokens`` or the client's hint)."""
+    hint_key: str = "expected_output_tokens"
+    """``vllm_xargs`` key with the client's expected output tokens (empty: ignore hints)."""
+    aging_half_life_s: float = 4.0
+    """Waiting this long halves a request's effective weight (0: no aging)."""
+    max_wait_s: float = 30.0
+    """Requests waiting this long are admitted first, in arrival order (0: no limit)."""
+    group_ratio: float = 0.0
+    """Admit requests within this weight factor of the head first (0 or <= 1: off)."""
+    lookup_candidates: int = 64
+    """Prefix-cache lookups per step: only the first K scored candidates are refreshed."""
+    fcfs_above: int = 0
+    """Order the scored lane by arrival when more than this many wait (0: never)."""
+
+    def __post_init__(self) -> None:
+        if not (self.output_weight >= 0 and math.isfinite(self.output_weight)):
+            raise ValueError(f"output_weight must be a finite number >= 0, got {self.output_weight!r}")
+        if self.output_cap < 0:
+            raise ValueError(f"output_cap must be >= 0, got {self.output_cap!r}")
+        if self.aging_half_life_s < 0 or math.isnan(self.aging_half_life_s):
+            raise ValueError(f"aging_half_life_s must be >= 0, got {self.aging_half_life_s!r}")
+        if self.max_wait_s < 0 or math.isnan(self.max_wait_s):
+            raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s!r}")
+        if self.group_ratio < 0 or math.isnan(self.group_ratio):
+            raise ValueError(f"group_ratio must be >= 0, got {self.group_ratio!r}")
+        if self.lookup_candidates < 0:
+            raise ValueError(f"lookup_candidates must be >= 0, got {self.lookup_candidates!r}")
+        if self.fcfs_above < 0:
+            raise ValueError(f"fcfs_above must be >= 0, got {self.fcfs_above!r}")
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "PolicyConfig":
+        """Build from a ``Settings`` object (or anything with the ``sched_*`` attributes; missing = default)."""
+        values = {}
+        for setting, (field, default) in SETTING_DEFAULTS.items():
+            values[field] = type(default)(getattr(settings, setting, default))
+        return cls(**values)
+
+
+def expected_output_tokens(max_tokens: int | None, extra_args: Mapping[str, Any] | None,
+                           config: PolicyConfig) -> int:
+    """The client's hint (if a non-negative number) else ``max_tokens`` (None: the cap), capped."""
+    expected: float | None = None
+    if config.hint_key and extra_args:
+        hint = extra_args.get(config.hint_key)
+        if isinstance(hint, (int, float)) and not isinstance(hint, bool) and math.isfinite(hint) and hint >= 0:
+            expected = hint
+        elif isinstance(hint, str):
+            try:
+                value = float(hint)
+            except ValueError:
+                value = -1.0
+            if math.isfinite(value) and value >= 0:
+                expected = value
+    if expected is None:
+        expected = config.output_cap if max_tokens is None else max(int(max_tokens), 0)
+    return int(min(expected, config.output_cap))
+
+
+def weight(uncached_prompt_tokens: int, expected_output: int, config: PolicyConfig) -> float:
+    """Token weight: uncached prompt tokens + output_weight x expected output tokens."""
+    return max(uncached_prompt_tokens, 0) + config.output_weight * max(expected_output, 0)
+
+
+def effective_weight(w: float, wait_s: float, config: PolicyConfig) -> float:
+    """Weight after aging: halves every ``aging_half_life_s`` of waiting."""
+    if config.aging_half_life_s <= 0:
+        return w
+    return w * 2.0 ** (-max(wait_s, 0.0) / config.aging_half_life_s)
+
+
+def rank_key(w: float, arrival_time: float, config: PolicyConfig, epoch: float = 0.0) -> float:
+    """Time-invariant rank key (lower goes first): ``log2(weight) + (arrival - epoch) / half_life``.
+
+    Comparing keys compares effective weights at any common instant; ``epoch`` (any fixed time, e.g. the
+    first arrival) only keeps the float small. Weights below 1 token count as 1.
+    """
+    key = math.log2(max(w, 1.0))
+    if config.aging_half_life_s > 0:
+        key += (arrival_time - epoch) / config.aging_half_life_s
+    return key
+
+
+def is_overdue(arrival_time: float, now: float, config: PolicyConfig) -> bool:
+    """True when the request has waited at least ``max_wait_s`` (never when max_wait_s is 0)."""
+    return config.max_wait_s > 0 and now - arrival_time >= config.max_wait_s
+
+
+@dataclasses.dataclass
+class Job:
+    """A waiting request as the policy sees it (what :func:`order` sorts)."""
+
+    arrival_time: float
+    prompt_tokens: int
+    cached_tokens: int = 0
+    max_tokens: int | None = None
+    extra_args: Mapping[str, Any] | None = None
+    priority: int = 0
+    seq: int = 0
+    """Insertion sequence number: the last tie-breaker (unique per queue)."""
+    payload: Any = None
+
+    def weight(self, config: PolicyConfig) -> float:
+        return weight(self.prompt_tokens - self.cached_tokens,
+                      expected_output_tokens(self.max_tokens, self.extra_args, config), config)
+
+
+def sort_key(job: Job, now: float, config: PolicyConfig, *, epoch: float = 0.0, use_priority: bool = False,
+             fcfs: bool = False) -> tuple:
+    """The full sort tuple: overdue lane (arrival order) < scored lane ((priority), rank key, arrival, seq)."""
+    if is_overdue(job.arrival_time, now, config):
+        return (0, 0, 0.0, job.arrival_time, job.seq)
+    if fcfs:
+        return (1, 0, 0.0, job.arrival_time, job.seq)
+    return (1, job.priority if use_priority else 0, rank_key(job.weight(config), job.arrival_time, config, epoch),
+            job.arrival_time, job.seq)
+
+
+def group_window(items: list, weights: Sequence[float], start: int, config: PolicyConfig) -> list:
+    """Reorder ``items[start:start+K]`` (K = lookup_candidates) so that those whose weight is within a factor
+    ``group_ratio`` of ``items[start]``'s come first, order kept; returns a new list (no-op when off)."""
+    ratio = config.group_ratio
+    if ratio <= 1.0 or len(items) - start < 3:
+        return list(items)
+    end = min(len(items), start + max(config.lookup_candidates, 2))
+    head = max(weights[start], 1.0)
+    lo, hi = head / ratio, head * ratio
+    inside = [i for i in range(start, end) if lo <= max(weights[i], 1.0) <= hi]
+    outside = [i for i in range(start, end) if not lo <= max(weights[i], 1.0) <= hi]
+    return items[:start] + [items[i] for i in inside + outside] + items[end:]
+
+
+def order(jobs: Iterable[Job], now: float, config: PolicyConfig, *, use_priority: bool = False) -> list[Job]:
+    """Reference ordering of a scored lane at time ``now`` (overdue first by arrival, then by rank key with
+    ties by arrival, FCFS above ``fcfs_above``, then grouping). The vLLM queue applies the same rules."""
+    jobs = list(jobs)
+    epoch = min((j.arrival_time for j in jobs), default=0.0)
+    scored = sum(1 for j in jobs if not is_overdue(j.arrival_time, now, config))
+    fcfs = 0 < config.fcfs_above < scored
+    jobs.sort(key=lambda j: sort_key(j, now, config, epoch=epoch, use_priority=use_priority, fcfs=fcfs))
+    if fcfs:
+        return jobs
+    first_scored = next((i for i, j in enumerate(jobs) if not is_overdue(j.arrival_time, now, config)), len(jobs))
+    return group_window(jobs, [j.weight(config) for j in jobs], first_scored, config)
+
+
+def stddev(values: Sequence[float]) -> float:
+    """Population standard deviation (0.0 for fewer than two values)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / n)
+
+
+class AdmissionStats:
+    """Per-step admission statistics a token-weighted scheduler keeps for metrics (pure Python).
+
+    Counters only grow; sample windows are bounded (``window`` newest samples). An exporter either reads
+    :meth:`snapshot` (counters + p50/p99 over the window) or calls :meth:`drain` to take the samples
+    recorded since its last drain (for histograms).
+    """
+
+    def __init__(self, window: int = 4096) -> None:
+        from collections import deque
+
+        self.steps = 0
+        """schedule() calls."""
+        self.admitted = 0
+        """Requests admitted from the waiting queue (first admissions and resumptions)."""
+        self.max_wait_admissions = 0
+        """Admissions through the max-wait (overdue) lane."""
+        self.cache_hit_tokens = 0
+        """Prefix-cache hit tokens of first admissions (the tokens admission did not have to prefill)."""
+        self.prompt_tokens = 0
+        """Prompt tokens of first admissions (cache_hit_tokens / prompt_tokens = hit rate at admission)."""
+        self.lookups = 0
+        """Prefix-cache lookups the policy made (one per arrival + at most K per step)."""
+        self.last_weight_std = 0.0
+        self.weight_std = deque(maxlen=window)
+        """Per-step standard deviation of admitted weights (steps admitting two or more requests)."""
+        self.queue_wait_s = deque(maxlen=window)
+        """Queue wait (arrival to first admission) of each first admission, seconds."""
+        self._drained_std = 0
+        self._drained_wait = 0
+        self._std_total = 0
+        self._wait_total = 0
+
+    def record_step(self, weights: Sequence[float], waits: Sequence[float], overdue: int, cache_hits: int,
+                    prompt_tokens: int) -> None:
+        self.steps += 1
+        self.admitted += len(weights)
+        self.max_wait_admissions += overdue
+        self.cache_hit_tokens += cache_hits
+        self.prompt_tokens += prompt_tokens
+        if len(weights) >= 2:
+            self.last_weight_std = stddev(weights)
+            self.weight_std.append(self.last_weight_std)
+            self._std_total += 1
+        for w in waits:
+            self.queue_wait_s.append(w)
+        self._wait_total += len(waits)
+
+    def drain(self) -> dict[str, list[float]]:
+        """Samples recorded since the previous drain (at most ``window`` of each)."""
+        new_std = min(self._std_total - self._drained_std, len(self.weight_std))
+        new_wait = min(self._wait_total - self._drained_wait, len(self.queue_wait_s))
+        self._drained_std, self._drained_wait = self._std_total, self._wait_total
+        return {
+            "admitted_weight_std": list(self.weight_std)[len(self.weight_std) - new_std:],
+            "queue_wait_s": list(self.queue_wait_s)[len(self.queue_wait_s) - new_wait:],
+        }
+
+    def snapshot(self) -> dict[str, float | int]:
+        waits = sorted(self.queue_wait_s)
+        stds = list(self.weight_std)
+        return {
+            "steps": self.steps,
+            "admitted": self.admitted,
+            "max_wait_admissions": self.max_wait_admissions,
+            "cache_hit_tokens": self.cache_hit_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "lookups": self.lookups,
+            "admitted_weight_std_last": self.last_weight_std,
+            "admitted_weight_std_mean": sum(stds) / len(stds) if stds else 0.0,
+            "queue_wait_p50_s": quantile(waits, 0.5),
+            "queue_wait_p99_s": quantile(waits, 0.99),
+        }
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of already sorted values (0.0 when empty)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return float(sorted_values[min(rank, len(sorted_values)) - 1])

@@ -1,0 +1,447 @@
+"""vLLM V1 scheduler classes for token-weighted, cache-aware admission (the only module touching vLLM's
+scheduler internals; written against vLLM 0.32/0.33 ``vllm/v1/core/sched``).
+
+Use ``--scheduler-cls qwen_vllm_ext.scheduling.vllm_scheduler.TokenWeightedScheduler``: constructing it
+yields :class:`TokenWeightedAsyncScheduler` (an ``AsyncScheduler``) when the config has async scheduling on
+(the GPU default), else the plain-``Scheduler`` variant (CPU), the way upstream pairs
+``DiffusionScheduler`` / ``DiffusionAsyncScheduler``. :func:`pick_scheduler_cls` makes the same choice.
+
+What changes against upstream: only ``self.waiting``. The scheduler's admission loop peeks the head,
+pops it when admitted, ``break`` s on KV-allocation failure and *prepends* preempted and skipped requests.
+:class:`TokenWeightedRequestQueue` keeps
+
+* a FIFO **front lane** for everything prepended (preempted, skipped), served first, in order;
+* a **scored lane**: overdue requests (waited ``max_wait_s``) first in arrival order, then the rest by
+  the policy's rank key (:mod:`.policy`), re-sorted once per ``schedule()`` — never between a peek and the
+  following pop, so peek and pop return the same request.
+
+Cache awareness: a request's cached-prefix tokens are looked up once on arrival and again, at the start of
+each step, for the first ``lookup_candidates`` scored requests only, through
+``kv_cache_manager.get_computed_blocks()`` — a read-only lookup (no block is touched, no stats recorded).
+Requests holding KV blocks stay in upstream's ``kv_holding_waiting`` queue (drained first, FCFS).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from .policy import (AdmissionStats, Job, PolicyConfig, expected_output_tokens, group_window, is_overdue,
+                     rank_key)
+
+__all__ = [
+    "TokenWeightedRequestQueue",
+    "TokenWeightedMixin",
+    "TokenWeightedScheduler",
+    "TokenWeightedAsyncScheduler",
+    "pick_scheduler_cls",
+]
+
+
+@dataclasses.dataclass(eq=False)
+class _Entry(Job):
+    rank: float = 0.0
+    sort: tuple = ()
+    overdue: bool = False
+    removed: bool = False
+
+
+def _sort_tuple(e: _Entry, use_priority: bool, fcfs: bool) -> tuple:
+    if e.overdue:
+        return (0, 0, 0.0, e.arrival_time, e.seq)
+    if fcfs:
+        return (1, 0, 0.0, e.arrival_time, e.seq)
+    return (1, e.payload.priority if use_priority else 0, e.rank, e.arrival_time, e.seq)
+
+
+def _sort_of(e: _Entry) -> tuple:
+    return e.sort
+
+
+class TokenWeightedRequestQueue(RequestQueue):
+    """vLLM ``RequestQueue`` with a FIFO front lane and a token-weighted scored lane (see module doc).
+
+    ``lookup(request)`` returns the request's prefix-cache hit in tokens (or None: unknown, counts as 0);
+    ``refresh(now)`` re-sorts the scored lane and must be called once per scheduling step, before the
+    scheduler looks at the queue.
+    """
+
+    def __init__(self, config: PolicyConfig, lookup: Callable[[Request], int | None] | None = None,
+                 use_priority: bool = False, stats: AdmissionStats | None = None) -> None:
+        self.config = config
+        self._lookup = lookup
+        self._use_priority = use_priority
+        self.stats = stats if stats is not None else AdmissionStats()
+        self._front: deque[Request] = deque()
+        self._lane: list[_Entry] = []
+        self._head = 0
+        self._members: dict[Request, _Entry] = {}
+        self._seq = 0
+        self._epoch: float | None = None
+        self._now = 0.0
+        self._fcfs = False
+        # Requests popped since begin_step() -> whether they came through the overdue (max-wait) lane.
+        self.step_popped: dict[Request, bool] = {}
+
+    # ---- policy ---------------------------------------------------------------------------------
+    def _cached_tokens(self, request: Request) -> int:
+        if self._lookup is None:
+            return 0
+        self.stats.lookups += 1
+        hit = self._lookup(request)
+        return max(int(hit or 0), 0)
+
+    def _rescore(self, e: _Entry) -> None:
+        request: Request = e.payload
+        e.prompt_tokens = request.num_tokens
+        if self._epoch is None:
+            self._epoch = e.arrival_time
+        e.rank = rank_key(e.weight(self.config), e.arrival_time, self.config, self._epoch)
+
+    def weight_of(self, request: Request) -> float:
+        """The policy weight of ``request`` with its last known cached-prefix estimate."""
+        e = self._members.get(request)
+        if e is not None:
+            return e.weight(self.config)
+        job = Job(request.arrival_time, request.num_tokens, 0, request.max_tokens, _extra_args(request))
+        return job.weight(self.config)
+
+    def refresh(self, now: float, max_lookups: int | None = None) -> None:
+        """Re-sort the scored lane for the step starting at ``now`` (the only place its order changes).
+
+        The cached-prefix estimates of the first ``min(lookup_candidates, max_lookups)`` scored requests are
+        looked up again first (the scheduler passes about twice its free running slots: no more can be
+        admitted this step, and with a full batch no lookup is needed at all).
+        """
+        self._now = now
+        cfg = self.config
+        live = [e for e in self._lane[self._head:] if not e.removed]
+        num_scored = 0
+        for e in live:
+            e.overdue = is_overdue(e.arrival_time, now, cfg)
+            num_scored += not e.overdue
+        self._fcfs = 0 < cfg.fcfs_above < num_scored
+        for e in live:
+            e.sort = _sort_tuple(e, self._use_priority, self._fcfs)
+        live.sort(key=_sort_of)
+        first_scored = len(live) - num_scored
+        num_lookups = cfg.lookup_candidates if max_lookups is None else min(cfg.lookup_candidates, max_lookups)
+        if not self._fcfs and num_lookups > 0 and self._lookup is not None and num_scored:
+            window = live[first_scored:first_scored + num_lookups]
+            changed = False
+            for e in window:
+                cached = self._cached_tokens(e.payload)
+                if cached != e.cached_tokens or e.prompt_tokens != e.payload.num_tokens:
+                    e.cached_tokens = cached
+                    self._rescore(e)
+                    e.sort = _sort_tuple(e, self._use_priority, False)
+                    changed = True
+            if changed:
+                live.sort(key=_sort_of)  # nearly sorted: linear time
+        if not self._fcfs and cfg.group_ratio > 1.0 and num_scored >= 3:
+            live = self._group(live, first_scored)
+        self._lane = live
+        self._head = 0
+
+    def _group(self, live: list[_Entry], start: int) -> list[_Entry]:
+        end = min(len(live), start + max(self.config.lookup_candidates, 2))
+        weights = [0.0] * start + [e.weight(self.config) for e in live[start:end]]
+        weights += [0.0] * (len(live) - end)
+        # The window's sort tuples are no longer monotone; that only affects where a request added
+        # before the next refresh() is inserted (the scheduler always refreshes first).
+        return group_window(live, weights, start, self.config)
+
+    def begin_step(self) -> None:
+        self.step_popped = {}
+
+    # ---- RequestQueue ---------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Add a new waiting request to the scored lane (looked up in the prefix cache once, now)."""
+        if request in self._members:
+            return
+        self._seq += 1
+        e = _Entry(arrival_time=request.arrival_time, prompt_tokens=request.num_tokens,
+                   max_tokens=request.max_tokens, extra_args=_extra_args(request), priority=request.priority,
+                   seq=self._seq, payload=request)
+        if self._lookup is not None and not self._fcfs and self.config.lookup_candidates > 0:
+            e.cached_tokens = self._cached_tokens(request)
+        self._rescore(e)
+        e.overdue = is_overdue(e.arrival_time, self._now, self.config)
+        e.sort = _sort_tuple(e, self._use_priority, self._fcfs)
+        self._members[request] = e
+        if self._head and self._head * 2 > len(self._lane):
+            self._lane = [x for x in self._lane[self._head:] if not x.removed]
+            self._head = 0
+        bisect.insort(self._lane, e, lo=self._head, key=_sort_of)
+
+    def _next_entry(self) -> _Entry | None:
+        lane = self._lane
+        while self._head < len(lane) and lane[self._head].removed:
+            self._head += 1
+        return lane[self._head] if self._head < len(lane) else None
+
+    def pop_request(self) -> Request:
+        if self._front:
+            request = self._front.popleft()
+            self.step_popped[request] = False
+            return request
+        e = self._next_entry()
+        if e is None:
+            raise IndexError("pop from an empty queue")
+        self._head += 1
+        e.removed = True
+        del self._members[e.payload]
+        self.step_popped[e.payload] = e.overdue
+        return e.payload
+
+    def peek_request(self) -> Request:
+        if self._front:
+            return self._front[0]
+        e = self._next_entry()
+        if e is None:
+            raise IndexError("peek from an empty queue")
+        return e.payload
+
+    def _leave_scored_lane(self, request: Request) -> None:
+        e = self._members.pop(request, None)
+        if e is not None:  # never the case in vLLM's use; keeps every request in one lane only
+            e.removed = True
+
+    def prepend_request(self, request: Request) -> None:
+        self._leave_scored_lane(request)
+        self._front.appendleft(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        # Same order contract as FCFSRequestQueue (deque.extendleft): the scheduler passes its skipped
+        # requests reversed, so the front lane keeps their original order.
+        requests = list(requests)
+        for request in requests:
+            self._leave_scored_lane(request)
+        self._front.extendleft(requests)
+
+    def remove_request(self, request: Request) -> None:
+        e = self._members.pop(request, None)
+        if e is not None:
+            e.removed = True
+        else:
+            self._front.remove(request)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        targets = set(requests)
+        in_front = False
+        for request in targets:
+            e = self._members.pop(request, None)
+            if e is not None:
+                e.removed = True
+            else:
+                in_front = True
+        if in_front and self._front:
+            kept = [r for r in self._front if r not in targets]
+            self._front.clear()
+            self._front.extend(kept)
+
+    def __bool__(self) -> bool:
+        return bool(self._front) or bool(self._members)
+
+    def __len__(self) -> int:
+        return len(self._front) + len(self._members)
+
+    def __iter__(self) -> Iterator[Request]:
+        yield from list(self._front)
+        yield from [e.payload for e in self._lane[self._head:] if not e.removed]
+
+    def __contains__(self, request: object) -> bool:
+        return request in self._members or request in self._front
+
+    @property
+    def front_lane(self) -> list[Request]:
+        return list(self._front)
+
+
+def _extra_args(request: Request) -> dict[str, Any] | None:
+    params = request.sampling_params
+    return params.extra_args if params is not None else None
+
+
+def _settings_policy() -> PolicyConfig:
+    from qwen_vllm_ext.config import Settings
+
+    return PolicyConfig.from_settings(Settings.current())
+
+
+class TokenWeightedMixin:
+    """Mixin for a vLLM V1 ``Scheduler`` subclass: token-weighted, cache-aware admission.
+
+    Replaces ``self.waiting`` after ``Scheduler.__init__`` and, at the start of each ``schedule()``,
+    refreshes the cached-prefix estimates of the first K candidates and re-sorts the scored lane. The policy
+    comes from ``Settings.current()`` (``sched_*`` settings); :meth:`qwen_configure` swaps the policy or the
+    clock (``time.time``, the clock of ``Request.arrival_time``), e.g. in tests.
+    """
+
+    qwen_stats: AdmissionStats
+    waiting: TokenWeightedRequestQueue
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.qwen_clock: Callable[[], float] = time.time
+        self.qwen_stats = AdmissionStats()
+        self.qwen_policy = _settings_policy()
+        self._qwen_install_queue()
+
+    def _qwen_install_queue(self) -> None:
+        old = self.waiting
+        new = TokenWeightedRequestQueue(
+            self.qwen_policy, lookup=self._qwen_cached_tokens,
+            use_priority=self.policy == SchedulingPolicy.PRIORITY, stats=self.qwen_stats)
+        # Empty right after __init__; qwen_configure() carries the waiting requests over.
+        if isinstance(old, TokenWeightedRequestQueue):
+            front, scored = old.front_lane, [r for r in old if r not in set(old.front_lane)]
+        else:
+            front = [r for r in old if r.status == RequestStatus.PREEMPTED]
+            scored = [r for r in old if r.status != RequestStatus.PREEMPTED]
+        new._front.extend(front)
+        for request in scored:
+            new.add_request(request)
+        self.waiting = new
+
+    def qwen_configure(self, policy: PolicyConfig | None = None,
+                       clock: Callable[[], float] | None = None) -> None:
+        """Change the policy and/or the clock (re-queues the waiting requests under the new policy)."""
+        if clock is not None:
+            self.qwen_clock = clock
+        if policy is not None:
+            self.qwen_policy = policy
+            self._qwen_install_queue()
+
+    def _qwen_cached_tokens(self, request: Request) -> int | None:
+        """Read-only prefix-cache hit of a request that holds no blocks (None when not looked up)."""
+        if request.num_computed_tokens > 0:
+            return None
+        manager = self.kv_cache_manager
+        if (getattr(manager, "enable_kv_cache_events", False)
+                and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
+            return None  # that lookup would publish BlockStored events: not read-only
+        _, num_cached, _ = manager.get_computed_blocks(request)
+        return num_cached
+
+    def _qwen_free_slots(self) -> int:
+        """Upper bound on this step's admissions from the waiting queues (as the admission loop counts)."""
+        limit = getattr(self, "max_num_active_reqs", None) or self.max_num_running_reqs
+        busy = len(self.running) + getattr(self, "num_waiting_for_streaming_input", 0)
+        return max(limit - busy, 0)
+
+    def schedule(self, *args: Any, **kwargs: Any):
+        now = self.qwen_clock()
+        queue = self.waiting
+        queue.refresh(now, max_lookups=2 * self._qwen_free_slots())
+        queue.begin_step()
+        output = super().schedule(*args, **kwargs)
+        self._qwen_record_step(output, now)
+        _publish(self, now)
+        return output
+
+    def _qwen_record_step(self, output: Any, now: float) -> None:
+        popped = self.waiting.step_popped
+        scheduled = output.num_scheduled_tokens
+        cfg = self.qwen_policy
+        weights: list[float] = []
+        waits: list[float] = []
+        overdue = cache_hits = prompt_tokens = 0
+        for request, was_overdue in popped.items():
+            if request.status != RequestStatus.RUNNING or request.request_id not in scheduled:
+                continue  # skipped (re-prepended) or handed to an async KV load
+            cached = max(request.num_computed_tokens - scheduled[request.request_id], 0)
+            expected = expected_output_tokens(request.max_tokens, _extra_args(request), cfg)
+            weights.append(max(request.num_tokens - cached, 0)
+                           + cfg.output_weight * max(expected - request.num_output_tokens, 0))
+            overdue += was_overdue
+            if request.num_preemptions == 0:
+                waits.append(max(now - request.arrival_time, 0.0))
+                cache_hits += cached
+                prompt_tokens += request.num_prompt_tokens
+        self.qwen_stats.record_step(weights, waits, overdue, cache_hits, prompt_tokens)
+        self.waiting.begin_step()
+
+    def qwen_status(self) -> dict[str, Any]:
+        """What the health route can show: the class, the policy and the stats snapshot."""
+        return {
+            "scheduler": type(self).__name__,
+            "policy": dataclasses.asdict(self.qwen_policy),
+            "stats": self.qwen_stats.snapshot(),
+        }
+
+
+class TokenWeightedScheduler(TokenWeightedMixin, Scheduler):
+    """Token-weighted ``Scheduler``; constructs a :class:`TokenWeightedAsyncScheduler` when the config has
+    async scheduling on, so one ``--scheduler-cls`` path serves CPU (sync) and GPU (async) engines."""
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        if cls is TokenWeightedScheduler:
+            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+            if vllm_config is not None:
+                cls = pick_scheduler_cls(vllm_config)
+        return super().__new__(cls)
+
+
+class TokenWeightedAsyncScheduler(TokenWeightedScheduler, AsyncScheduler):
+    """Token-weighted ``AsyncScheduler`` (MRO: mixin, then AsyncScheduler, then Scheduler)."""
+
+
+def pick_scheduler_cls(vllm_config: Any) -> type[TokenWeightedScheduler]:
+    """The token-weighted class matching the config: async when async scheduling is on."""
+    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        return TokenWeightedAsyncScheduler
+    return TokenWeightedScheduler
+
+
+# ---- monkeypatch mode and stats publishing -----------------------------------------------------------
+_MARK = "_qwen_vllm_ext_token_weighted"
+PUBLISH_EVERY_S = 1.0
+
+
+def install(settings) -> bool:
+    """Monkeypatch mode: engines whose ``--scheduler-cls`` is unset get the token-weighted scheduler.
+
+    Wraps ``SchedulerConfig.get_scheduler_cls`` (``vllm/config/scheduler.py``), which the engine core calls to
+    pick its scheduler; an explicit ``--scheduler-cls`` still wins. Idempotent.
+    """
+    if not getattr(settings, "token_weighted_scheduler", False):
+        return False
+    from vllm.config.scheduler import SchedulerConfig
+
+    if getattr(SchedulerConfig, _MARK, False):
+        return True
+    original = SchedulerConfig.get_scheduler_cls
+
+    def get_scheduler_cls(self):
+        if self.scheduler_cls is None:
+            return TokenWeightedAsyncScheduler if self.async_scheduling else TokenWeightedScheduler
+        return original(self)
+
+    SchedulerConfig.get_scheduler_cls = get_scheduler_cls
+    setattr(SchedulerConfig, _MARK, True)
+    return True
+
+
+def _publish(scheduler: TokenWeightedMixin, now: float) -> None:
+    """Write ``qwen_status()`` for the API server's health route and /metrics: after every step that admitted
+    requests (an idle engine stops calling schedule(), so the last admissions must not wait for a timer),
+    otherwise at most once a second."""
+    admitted = scheduler.qwen_stats.admitted
+    if admitted == getattr(scheduler, "_qwen_published_admitted", -1) and \
+            now - getattr(scheduler, "_qwen_published", 0.0) < PUBLISH_EVERY_S:
+        return
+    scheduler._qwen_published, scheduler._qwen_published_admitted = now, admitted
+    from .. import status
+
+    status.write_json(f"scheduler-{os.getpid()}.json", {"pid": os.getpid(), **scheduler.qwen_status()})
+

@@ -1,0 +1,386 @@
+"""The token-weighted scheduler inside a real vLLM V1 ``Scheduler`` / ``AsyncScheduler`` built on CPU (as
+upstream's ``tests/v1/core/utils.py`` does: local model config, ``skip_tokenizer_init=True``), driven with
+``schedule()`` / ``update_from_output()`` and fake model-runner outputs. No model runs."""
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from qwen_vllm_ext.demo import ensure_demo_model  # noqa: E402
+from qwen_vllm_ext.scheduling.policy import PolicyConfig  # noqa: E402
+from qwen_vllm_ext.scheduling.vllm_scheduler import (  # noqa: E402
+    TokenWeightedAsyncScheduler,
+    TokenWeightedRequestQueue,
+    TokenWeightedScheduler,
+    pick_scheduler_cls,
+)
+
+BLOCK = 16
+T0 = 1_000_000.0
+
+
+class Clock:
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    init_none_hash(sha256)
+    return str(ensure_demo_model())
+
+
+def make_config(model_dir, *, num_blocks=1000, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=2048,
+                async_scheduling=False):
+    scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                       max_model_len=max_model_len, enable_chunked_prefill=True,
+                                       is_encoder_decoder=False)
+    model_config = ModelConfig(model=model_dir, dtype="float32", seed=0, skip_tokenizer_init=True,
+                               max_model_len=max_model_len)
+    cache_config = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
+    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
+                             cache_config=cache_config)
+    vllm_config.scheduler_config.async_scheduling = async_scheduling  # the CPU platform forces it off
+    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1,
+                                                      dtype=torch.float32))])
+    cache_config.num_gpu_blocks = num_blocks
+    return vllm_config, kv_cache_config
+
+
+def make_scheduler(model_dir, cls=TokenWeightedScheduler, *, policy=None, clock=None, **kwargs):
+    vllm_config, kv_cache_config = make_config(model_dir, **kwargs)
+    scheduler = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=BLOCK,
+                    structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True)
+    if hasattr(scheduler, "qwen_configure"):
+        scheduler.qwen_configure(policy=policy or PolicyConfig(), clock=clock or Clock())
+    return scheduler
+
+
+_ids = itertools.count()
+
+
+def make_request(name, prompt_len, *, max_tokens=8, arrival=T0, prompt=None, extra_args=None) -> Request:
+    if prompt is None:  # unique tokens: no accidental prefix-cache hits between requests
+        base = 1000 + next(_ids) * 4096
+        prompt = [base + i for i in range(prompt_len)]
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args)
+    return Request(request_id=name, prompt_token_ids=list(prompt), sampling_params=params, pooling_params=None,
+                   arrival_time=arrival, block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+def sampling_ids(scheduler, output) -> list[str]:
+    """Requests of ``output`` that sample a token this step (not mid-prefill), read right after schedule()."""
+    return [rid for rid in output.num_scheduled_tokens
+            if rid in scheduler.requests and not scheduler.requests[rid].is_prefill_chunk]
+
+
+def runner_output(output, samplers) -> ModelRunnerOutput:
+    req_ids = list(output.num_scheduled_tokens)
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                             sampled_token_ids=[[7] if r in samplers else [] for r in req_ids])
+
+
+def finished_ids(engine_outputs) -> list[str]:
+    return [o.request_id for outs in engine_outputs.values() for o in outs.outputs if o.finish_reason is not None]
+
+
+def step(scheduler) -> tuple[object, list[str]]:
+    """One synchronous engine step: schedule, fake-run, update; returns (scheduler output, finished ids)."""
+    output = scheduler.schedule()
+    samplers = set(sampling_ids(scheduler, output))
+    return output, finished_ids(scheduler.update_from_output(output, runner_output(output, samplers)))
+
+
+def admission_order(scheduler) -> list[str]:
+    """Log the ids the admission loop pops from the waiting queue (admitted or skipped)."""
+    popped: list[str] = []
+    queue = scheduler.waiting
+    original = queue.pop_request
+
+    def pop():
+        request = original()
+        popped.append(request.request_id)
+        return request
+
+    queue.pop_request = pop
+    return popped
+
+
+# ---- construction -------------------------------------------------------------------------------------
+def test_factory_picks_the_base_from_the_config(model_dir):
+    sync = make_scheduler(model_dir)
+    assert type(sync) is TokenWeightedScheduler and not isinstance(sync, AsyncScheduler)
+    assert isinstance(sync.waiting, TokenWeightedRequestQueue)
+    assert sync.kv_holding_waiting is not sync.waiting
+    asyn = make_scheduler(model_dir, async_scheduling=True)
+    assert type(asyn) is TokenWeightedAsyncScheduler and isinstance(asyn, AsyncScheduler)
+    assert isinstance(asyn, TokenWeightedScheduler) and isinstance(asyn.waiting, TokenWeightedRequestQueue)
+    config, _ = make_config(model_dir)
+    assert pick_scheduler_cls(config) is TokenWeightedScheduler
+    config.scheduler_config.async_scheduling = True
+    assert pick_scheduler_cls(config) is TokenWeightedAsyncScheduler
+    config.scheduler_config.scheduler_cls = "qwen_vllm_ext.scheduling.vllm_scheduler.TokenWeightedScheduler"
+    assert config.scheduler_config.get_scheduler_cls() is TokenWeightedScheduler
+    status = sync.qwen_status()
+    assert status["scheduler"] == "TokenWeightedScheduler" and status["policy"]["output_weight"] == 0.7
+
+
+# ---- ordering ---------------------------------------------------------------------------------------
+def test_short_requests_admitted_before_an_earlier_long_one(model_dir):
+    def first_step(cls):
+        scheduler = make_scheduler(model_dir, cls, max_num_batched_tokens=256)
+        scheduler.add_request(make_request("long", 1500, arrival=T0))
+        for i in range(3):
+            scheduler.add_request(make_request(f"short{i}", 40, arrival=T0 + 0.01 * (i + 1)))
+        output = scheduler.schedule()
+        return [r.req_id for r in output.scheduled_new_reqs], output
+
+    fcfs, _ = first_step(Scheduler)
+    assert fcfs == ["long"]  # upstream: the long prefill takes the whole step
+    weighted, output = first_step(TokenWeightedScheduler)
+    assert weighted == ["short0", "short1", "short2", "long"]
+    assert output.num_scheduled_tokens["long"] == 256 - 3 * 40  # the long one gets the rest as a chunk
+
+
+def test_cached_prefix_lowers_the_weight(model_dir):
+    scheduler = make_scheduler(model_dir)
+    shared = [50_000 + i for i in range(640)]
+    scheduler.add_request(make_request("warm", 640, prompt=shared, max_tokens=1))
+    while scheduler.has_requests():
+        step(scheduler)
+    # "fresh" (300 uncached) arrives first; "reuse" (672 tokens, 640 cached) is lighter.
+    scheduler.add_request(make_request("fresh", 300, arrival=T0))
+    scheduler.add_request(make_request("reuse", 672, prompt=shared + [9] * 32, arrival=T0 + 0.1))
+    output = scheduler.schedule()
+    assert [r.req_id for r in output.scheduled_new_reqs] == ["reuse", "fresh"]
+    assert output.scheduled_new_reqs[0].num_computed_tokens == 640
+    assert scheduler.qwen_stats.cache_hit_tokens >= 640
+
+
+def test_client_hint_and_max_tokens_shape_the_weight(model_dir):
+    scheduler = make_scheduler(model_dir)
+    scheduler.add_request(make_request("chatty", 100, max_tokens=900, arrival=T0))
+    scheduler.add_request(make_request("hinted", 100, max_tokens=900, arrival=T0 + 0.2,
+                                       extra_args={"expected_output_tokens": 10}))
+    scheduler.add_request(make_request("terse", 200, max_tokens=10, arrival=T0 + 0.1))
+    output = scheduler.schedule()
+    assert [r.req_id for r in output.scheduled_new_reqs] == ["hinted", "terse", "chatty"]
+
+
+def test_prefix_lookups_are_bounded(model_dir):
+    scheduler = make_scheduler(model_dir, max_num_seqs=2, policy=PolicyConfig(lookup_candidates=3))
+    for i in range(2):
+        scheduler.add_request(make_request(f"busy{i}", 20, max_tokens=50))
+    step(scheduler)
+    before = scheduler.qwen_stats.lookups
+    for i in range(10):
+        scheduler.add_request(make_request(f"w{i}", 20 + i, max_tokens=4))
+    assert scheduler.qwen_stats.lookups == before + 10  # one per arrival
+    for _ in range(10):
+        step(scheduler)  # batch full: nothing can be admitted, so no lookups
+    assert scheduler.qwen_stats.lookups == before + 10
+    for _ in range(200):
+        step(scheduler)
+        if not scheduler.has_requests():
+            break
+    stats = scheduler.qwen_stats.snapshot()
+    assert stats["admitted"] == 12 and stats["lookups"] <= 12 + 3 * stats["steps"]
+    assert scheduler.qwen_stats.lookups < before + 10 + 3 * 40  # far fewer than K per step
+
+
+def test_request_past_max_wait_goes_first(model_dir):
+    clock = Clock(T0 + 10.0)
+    scheduler = make_scheduler(model_dir, policy=PolicyConfig(max_wait_s=5.0), clock=clock,
+                               max_num_batched_tokens=512)
+    scheduler.add_request(make_request("young-long", 1200, arrival=T0 + 6.0))
+    scheduler.add_request(make_request("old-long", 1500, arrival=T0))
+    for i in range(4):
+        scheduler.add_request(make_request(f"short{i}", 30, arrival=T0 + 9.0))
+    order = admission_order(scheduler)
+    output = scheduler.schedule()
+    assert order[0] == "old-long"
+    assert output.num_scheduled_tokens["old-long"] == 512  # takes the step's whole budget as a chunk
+    assert scheduler.qwen_stats.max_wait_admissions == 1
+    assert scheduler.qwen_stats.queue_wait_s[-1] == pytest.approx(10.0)
+    # Below the limit the same "old-long" would have waited behind the shorts.
+    clock.t = T0 + 4.0
+    relaxed = make_scheduler(model_dir, policy=PolicyConfig(max_wait_s=5.0), clock=clock)
+    relaxed.add_request(make_request("old-long", 1500, arrival=T0))
+    relaxed.add_request(make_request("short", 30, arrival=T0 + 3.0))
+    assert [r.req_id for r in relaxed.schedule().scheduled_new_reqs] == ["short", "old-long"]
+
+
+# ---- preemption and removal ----------------------------------------------------------------------------
+def preempt_one(scheduler, first: str = "a", second: str = "b") -> Request:
+    """Run two requests until the KV cache runs out and one of them is preempted; returns it."""
+    scheduler.add_request(make_request(first, 64, max_tokens=100, arrival=T0))
+    scheduler.add_request(make_request(second, 64, max_tokens=100, arrival=T0 + 0.1))
+    for _ in range(300):
+        step(scheduler)
+        preempted = [r for r in scheduler.waiting if r.status == RequestStatus.PREEMPTED]
+        if preempted:
+            return preempted[0]
+    raise AssertionError("no preemption happened")
+
+
+def test_preempted_requests_resume_first(model_dir):
+    scheduler = make_scheduler(model_dir, num_blocks=14)
+    victim = preempt_one(scheduler)
+    assert scheduler.waiting.front_lane == [victim]
+    scheduler.add_request(make_request("tiny", 4, max_tokens=2, arrival=T0 + 50))  # the lightest of all
+    order = admission_order(scheduler)
+    finished: list[str] = []
+    for _ in range(400):
+        finished += step(scheduler)[1]
+        if not scheduler.has_requests():
+            break
+    assert sorted(finished) == sorted(["a", "b", "tiny"])
+    assert order.index(victim.request_id) < order.index("tiny")
+    assert order[0] == victim.request_id
+
+
+def test_abort_and_remove_work_in_both_lanes(model_dir):
+    scheduler = make_scheduler(model_dir, num_blocks=14)
+    victim = preempt_one(scheduler)
+    for i in range(3):
+        scheduler.add_request(make_request(f"w{i}", 40, max_tokens=4, arrival=T0 + 10 + i))
+    queue = scheduler.waiting
+    assert len(queue) == 4 and victim in queue
+    assert [r.request_id for r in queue] == [victim.request_id, "w0", "w1", "w2"]
+
+    aborted = scheduler.finish_requests([victim.request_id, "w1"], RequestStatus.FINISHED_ABORTED)
+    assert {r.request_id for r in aborted} == {victim.request_id, "w1"}
+    assert [r.request_id for r in queue] == ["w0", "w2"] and len(queue) == 2 and queue.front_lane == []
+    assert victim.request_id not in scheduler.requests and "w1" not in scheduler.requests
+    assert scheduler.finish_requests([victim.request_id], RequestStatus.FINISHED_ABORTED) == []  # once only
+
+    remaining = {"a", "b", "w0", "w2"} - {victim.request_id}
+    finished: list[str] = []
+    for _ in range(400):
+        finished += step(scheduler)[1]
+        if not scheduler.has_requests():
+            break
+    assert sorted(finished) == sorted(remaining)
+
+
+def test_queue_lanes_peek_pop_prepend_remove():
+    queue = TokenWeightedRequestQueue(PolicyConfig())
+    queue.refresh(T0 + 1)
+    long, short, mid = (make_request("long", 900, arrival=T0), make_request("short", 10, arrival=T0 + 0.1),
+                        make_request("mid", 100, arrival=T0 + 0.2))
+    for request in (long, short, mid):
+        queue.add_request(request)
+    assert [r.request_id for r in queue] == ["short", "mid", "long"] and len(queue) == 3
+    assert queue.peek_request() is queue.pop_request() is short
+    queue.prepend_requests([short, long][::-1])  # the scheduler's skipped deque arrives reversed
+    # "long" was still in the scored lane: prepending moves it (a request is never in both lanes).
+    assert queue.front_lane == [short, long] and [r.request_id for r in queue] == ["short", "long", "mid"]
+    assert len(queue) == 3 and long in queue
+    queue.remove_request(short)  # front lane
+    queue.remove_requests([mid])  # scored lane
+    assert [r.request_id for r in queue] == ["long"] and queue.peek_request() is long
+    assert queue.pop_request() is long and not queue and len(queue) == 0
+    with pytest.raises(IndexError):
+        queue.peek_request()
+    with pytest.raises(IndexError):
+        queue.pop_request()
+    with pytest.raises(ValueError):
+        queue.remove_request(long)
+
+
+# ---- randomized stream ---------------------------------------------------------------------------------
+def run_random_stream(model_dir, cls, seed: int, *, pipelined: bool) -> dict:
+    rnd = random.Random(seed)
+    clock = Clock()
+    scheduler = make_scheduler(model_dir, cls, clock=clock, num_blocks=64, max_num_seqs=8,
+                               max_num_batched_tokens=256, policy=PolicyConfig(max_wait_s=3.0,
+                                                                               lookup_candidates=4),
+                               async_scheduling=cls is TokenWeightedAsyncScheduler)
+    created: dict[str, int] = {}
+    outcomes: Counter = Counter()
+    tokens: Counter = Counter()
+    preemptions = 0
+    shared = [77_000 + i for i in range(96)]
+    in_flight: list = []  # (scheduler output, samplers) awaiting update_from_output
+
+    def deliver(item):
+        output, samplers = item
+        engine_outputs = scheduler.update_from_output(output, runner_output(output, samplers))
+        for outs in engine_outputs.values():
+            for o in outs.outputs:
+                tokens[o.request_id] += len(o.new_token_ids)
+                if o.finish_reason is not None:
+                    outcomes[o.request_id] += 1
+
+    for n in range(4000):
+        clock.t += 0.05
+        if n < 200:
+            for _ in range(rnd.choice((0, 0, 0, 1, 1, 2))):
+                rid = f"r{len(created)}"
+                length = rnd.choice((8, 20, 40, 60, 200, 380))
+                prompt = shared + [rid.__hash__() % 1000 + i for i in range(length)] if rnd.random() < 0.3 else None
+                max_tokens = rnd.randint(1, 40)
+                request = make_request(rid, length if prompt is None else len(prompt), prompt=prompt,
+                                       max_tokens=max_tokens, arrival=clock.t)
+                created[rid] = max_tokens
+                scheduler.add_request(request)
+            if rnd.random() < 0.08 and scheduler.requests:
+                victim = rnd.choice(sorted(scheduler.requests))
+                for r in scheduler.finish_requests([victim], RequestStatus.FINISHED_ABORTED):
+                    outcomes[r.request_id] += 1
+        output = scheduler.schedule()
+        preemptions += len(output.preempted_req_ids or ())
+        in_flight.append((output, set(sampling_ids(scheduler, output))))
+        if len(in_flight) > (1 if pipelined else 0):
+            deliver(in_flight.pop(0))
+        # Invariant: every unfinished request is in exactly one place.
+        places = Counter(r.request_id for r in itertools.chain(scheduler.waiting, scheduler.running,
+                                                                 scheduler.kv_holding_waiting))
+        assert all(c == 1 for c in places.values())
+        assert set(places) == set(scheduler.requests)
+        assert len(scheduler.waiting) == len(list(scheduler.waiting))
+        if n >= 200 and not scheduler.has_requests():
+            break
+    while in_flight:
+        deliver(in_flight.pop(0))
+    assert not scheduler.has_requests(), "requests left behind"
+    assert set(outcomes) == set(created) and all(c == 1 for c in outcomes.values()), "lost or duplicated"
+    aborted_ids = {rid for rid in created if tokens[rid] < created[rid]}
+    assert all(tokens[rid] == created[rid] for rid in created if rid not in aborted_ids)
+    assert all(tokens[rid] <= created[rid] for rid in created)
+    stats = scheduler.qwen_stats.snapshot()
+    return {"steps_run": n, "created": len(created), "preemptions": preemptions, "aborted": len(aborted_ids), **stats}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_stream_finishes_every_request_exactly_once(model_dir, seed):
+    result = run_random_stream(model_dir, TokenWeightedScheduler, seed, pipelined=False)
+    assert result["created"] > 100 and result["preemptions"] > 0 and result["aborted"] > 0
+    assert result["max_wait_admissions"] > 0 and result["cache_hit_tokens"] > 0
+    assert result["lookups"] <= result["created"] + 4 * result["steps"]
+
+
+def test_random_stream_async_scheduler_pipelined(model_dir):
+    result = run_random_stream(model_dir, TokenWeightedAsyncScheduler, 3, pipelined=True)
+    assert result["created"] > 100 and result["preemptions"] > 0

@@ -1,0 +1,180 @@
+"""Token-weighted admission policy (pure Python: no vLLM)."""
+import math
+import random
+import subprocess
+import sys
+import types
+
+import pytest
+
+from qwen_vllm_ext.scheduling import policy
+from qwen_vllm_ext.scheduling.policy import AdmissionStats, Job, PolicyConfig, order
+
+CFG = PolicyConfig()
+
+
+def ids(jobs):
+    return [j.payload for j in jobs]
+
+
+def job(name, arrival, prompt, max_tokens=16, cached=0, extra=None, priority=0, seq=None):
+    return Job(arrival_time=arrival, prompt_tokens=prompt, cached_tokens=cached, max_tokens=max_tokens,
+               extra_args=extra, priority=priority, seq=seq if seq is not None else int(arrival * 1000),
+               payload=name)
+
+
+def test_policy_imports_no_vllm():
+    code = ("import sys, qwen_vllm_ext.scheduling.policy; "
+            "assert not [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')]")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_weight_is_uncached_prompt_plus_weighted_expected_output():
+    assert policy.weight(1000, 100, CFG) == pytest.approx(1070)
+    assert job("a", 0, 1000, max_tokens=100, cached=600).weight(CFG) == pytest.approx(470)
+    assert job("a", 0, 100, max_tokens=100, cached=500).weight(CFG) == pytest.approx(70)  # never negative
+
+
+def test_expected_output_cap_and_client_hint():
+    assert policy.expected_output_tokens(10**6, None, CFG) == 1024
+    assert policy.expected_output_tokens(None, None, CFG) == 1024
+    assert policy.expected_output_tokens(50, None, CFG) == 50
+    assert policy.expected_output_tokens(4000, {"expected_output_tokens": 30}, CFG) == 30
+    assert policy.expected_output_tokens(4000, {"expected_output_tokens": "12"}, CFG) == 12
+    assert policy.expected_output_tokens(4000, {"expected_output_tokens": 10**6}, CFG) == 1024
+    for bad in (-1, "many", True, float("nan"), None):
+        assert policy.expected_output_tokens(40, {"expected_output_tokens": bad}, CFG) == 40
+    off = PolicyConfig(hint_key="")
+    assert policy.expected_output_tokens(40, {"expected_output_tokens": 5}, off) == 40
+
+
+def test_shorter_jobs_go_first_regardless_of_arrival():
+    jobs = [job("long", 0.0, 3000), job("mid", 0.5, 400), job("short", 1.0, 20)]
+    assert ids(order(jobs, now=1.0, config=CFG)) == ["short", "mid", "long"]
+
+
+def test_cache_hits_lower_the_weight():
+    jobs = [job("fresh", 0.0, 800), job("cached", 0.1, 2000, cached=1920)]
+    assert ids(order(jobs, now=1.0, config=CFG)) == ["cached", "fresh"]
+
+
+def test_ties_by_arrival_then_sequence():
+    jobs = [job("c", 2.0, 100), job("a", 0.0, 100), job("b", 1.0, 100)]
+    assert ids(order(jobs, now=3.0, config=CFG)) == ["a", "b", "c"]
+    no_aging = PolicyConfig(aging_half_life_s=0)
+    same = [job("y", 5.0, 100, seq=2), job("x", 5.0, 100, seq=1)]
+    assert ids(order(same, now=6.0, config=no_aging)) == ["x", "y"]
+
+
+def test_aging_is_multiplicative_and_scale_free():
+    cfg = PolicyConfig(aging_half_life_s=2.0, max_wait_s=0)
+    assert policy.effective_weight(3000, 2.0, cfg) == pytest.approx(1500)
+    assert policy.effective_weight(3000, 4.0, cfg) == pytest.approx(750)
+    # A 30x heavier job overtakes fresh light ones after log2(30) half-lives, at any weight scale.
+    for scale in (1, 10, 100):
+        light, heavy = 10 * scale, 300 * scale
+        cross = 2.0 * math.log2(30)
+        before = [job("heavy", 0.0, heavy, max_tokens=0), job("light", cross - 0.5, light, max_tokens=0)]
+        after = [job("heavy", 0.0, heavy, max_tokens=0), job("light", cross + 0.5, light, max_tokens=0)]
+        assert ids(order(before, now=cross + 1, config=cfg))[0] == "light"
+        assert ids(order(after, now=cross + 1, config=cfg))[0] == "heavy"
+
+
+def test_aging_does_not_swamp_weights_at_multi_second_waits():
+    # Under overload waits reach seconds; a few seconds of arrival difference must not turn the order
+    # into FCFS (the additive 2000 tokens/s prototype did).
+    jobs = [job(f"long{i}", i * 0.5, 3000, max_tokens=32) for i in range(4)]
+    jobs += [job(f"short{i}", 2.0 + i * 0.5, 60, max_tokens=32) for i in range(4)]
+    ranked = ids(order(jobs, now=8.0, config=CFG))
+    assert ranked[:4] == ["short0", "short1", "short2", "short3"]
+    assert ranked[4:] == ["long0", "long1", "long2", "long3"]  # FIFO among equal weights
+
+
+def test_rank_key_order_is_time_invariant():
+    rnd = random.Random(7)
+    cfg = PolicyConfig(max_wait_s=0)
+    jobs = [job(i, rnd.uniform(0, 20), rnd.randint(1, 5000), max_tokens=rnd.randint(1, 2000), seq=i)
+            for i in range(200)]
+    for now in (20.0, 25.0, 60.0):
+        by_effective = sorted(jobs, key=lambda j: (policy.effective_weight(j.weight(cfg), now - j.arrival_time,
+                                                                          cfg), j.arrival_time, j.seq))
+        ranked = order(jobs, now=now, config=cfg)
+        eff = [policy.effective_weight(j.weight(cfg), now - j.arrival_time, cfg) for j in ranked]
+        assert all(a <= b * (1 + 1e-9) for a, b in zip(eff, eff[1:]))
+        assert [policy.effective_weight(j.weight(cfg), now - j.arrival_time, cfg) for j in by_effective] == \
+            pytest.approx(eff)
+
+
+def test_max_wait_is_a_hard_guarantee_in_arrival_order():
+    cfg = PolicyConfig(max_wait_s=10.0, aging_half_life_s=1000.0)
+    jobs = [job("old-long", 0.0, 30000), job("older-long", -1.0, 20000), job("fresh-short", 9.9, 5),
+            job("not-yet", 0.5, 25000)]
+    ranked = ids(order(jobs, now=10.0, config=cfg))
+    assert ranked[:2] == ["older-long", "old-long"]
+    assert ranked[2:] == ["fresh-short", "not-yet"]
+    assert policy.is_overdue(0.0, 10.0, cfg) and not policy.is_overdue(0.5, 10.0, cfg)
+    assert not policy.is_overdue(-1e9, 10.0, PolicyConfig(max_wait_s=0))
+
+
+def test_priority_is_respected_only_when_asked():
+    jobs = [job("short", 0.0, 10, priority=5), job("long", 1.0, 3000, priority=0)]
+    assert ids(order(jobs, now=2.0, config=CFG)) == ["short", "long"]
+    assert ids(order(jobs, now=2.0, config=CFG, use_priority=True)) == ["long", "short"]
+
+
+def test_grouping_puts_similar_weights_together():
+    aging = PolicyConfig(aging_half_life_s=1.0, max_wait_s=0)
+    grouping = PolicyConfig(aging_half_life_s=1.0, max_wait_s=0, group_ratio=2.0)
+    # "aged" (weight 1000) waited long enough to rank between the fresh 100 and 150 ones (effective ~110).
+    jobs = [job("a", 10.0, 100, max_tokens=0, seq=1), job("aged", 10.0 - math.log2(1000 / 110), 1000,
+            max_tokens=0, seq=2), job("b", 10.0, 150, max_tokens=0, seq=3), job("c", 10.0, 190, max_tokens=0,
+            seq=4)]
+    assert ids(order(jobs, now=10.0, config=aging)) == ["a", "aged", "b", "c"]
+    assert ids(order(jobs, now=10.0, config=grouping)) == ["a", "b", "c", "aged"]
+    first_three = [j.weight(grouping) for j in order(jobs, now=10.0, config=grouping)[:3]]
+    assert policy.stddev(first_three) < policy.stddev([100, 1000, 150])
+
+
+def test_grouping_is_off_by_default_and_keeps_the_overdue_lane_first():
+    assert PolicyConfig().group_ratio == 0.0
+    cfg = PolicyConfig(group_ratio=2.0, max_wait_s=5.0)
+    jobs = [job("overdue-long", 0.0, 40000), job("s1", 9.0, 10), job("s2", 9.0, 12, seq=2)]
+    assert ids(order(jobs, now=10.0, config=cfg))[0] == "overdue-long"
+
+
+def test_fcfs_fallback_above_threshold():
+    cfg = PolicyConfig(fcfs_above=3)
+    jobs = [job("long", 0.0, 3000), job("s1", 1.0, 10), job("s2", 2.0, 10)]
+    assert ids(order(jobs, now=3.0, config=cfg)) == ["s1", "s2", "long"]  # 3 waiting: not above
+    jobs.append(job("s3", 2.5, 10))
+    assert ids(order(jobs, now=3.0, config=cfg)) == ["long", "s1", "s2", "s3"]
+
+
+def test_config_validation_and_settings():
+    for bad in ({"output_weight": -1}, {"aging_half_life_s": -1}, {"max_wait_s": float("nan")},
+                {"lookup_candidates": -1}, {"fcfs_above": -2}, {"output_cap": -1}):
+        with pytest.raises(ValueError):
+            PolicyConfig(**bad)
+    settings = types.SimpleNamespace(sched_output_weight=0.5, sched_max_wait_s="12", sched_lookup_candidates=8)
+    cfg = PolicyConfig.from_settings(settings)
+    assert (cfg.output_weight, cfg.max_wait_s, cfg.lookup_candidates, cfg.output_cap) == (0.5, 12.0, 8, 1024)
+    assert PolicyConfig.from_settings(object()) == PolicyConfig()
+    assert {field for field, _ in policy.SETTING_DEFAULTS.values()} == {
+        f for f in PolicyConfig.__dataclass_fields__}
+
+
+def test_admission_stats_snapshot_and_drain():
+    stats = AdmissionStats(window=4)
+    stats.record_step([100, 300], [0.5, 1.5], overdue=1, cache_hits=64, prompt_tokens=400)
+    stats.record_step([50], [2.0], overdue=0, cache_hits=0, prompt_tokens=50)
+    snap = stats.snapshot()
+    assert snap["steps"] == 2 and snap["admitted"] == 3 and snap["max_wait_admissions"] == 1
+    assert snap["admitted_weight_std_last"] == pytest.approx(100)  # single-admission steps don't count
+    assert snap["queue_wait_p50_s"] == 1.5 and snap["queue_wait_p99_s"] == 2.0
+    assert snap["cache_hit_tokens"] == 64 and snap["prompt_tokens"] == 450
+    assert stats.drain() == {"admitted_weight_std": [100.0], "queue_wait_s": [0.5, 1.5, 2.0]}
+    assert stats.drain() == {"admitted_weight_std": [], "queue_wait_s": []}
+    for i in range(10):
+        stats.record_step([], [float(i)], 0, 0, 0)
+    assert stats.drain()["queue_wait_s"] == [6.0, 7.0, 8.0, 9.0]  # bounded window
+    assert policy.quantile([], 0.5) == 0.0 and policy.stddev([3.0]) == 0.0
