@@ -1,8 +1,9 @@
 """Shared test helpers."""
-import os
 import stat
 
 import pytest
+
+from .redis_server import RedisServer
 
 NVIDIA_SMI_LINES = {
     "a100-80gb": "0, NVIDIA A100-SXM4-80GB, 81920, [N/A]",
@@ -26,3 +27,10 @@ def fake_nvidia_smi(tmp_path):
         return str(path)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    """A real, throw-away redis-server (raises, never skips, when the binary is missing)."""
+    with RedisServer() as server:
+        yield server

@@ -48,6 +48,8 @@ import threading
 import time
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from ..redis_conn import connect, safe_url
+
 log = logging.getLogger(__name__)
 
 SECRET_PREFIX = "qve-"
@@ -470,13 +472,11 @@ class RedisKeyStore(_BaseKeyStore):
 
         self.url, self.prefix = url, prefix
         self.transient_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+        self._r = connect(url, KeyStoreUnavailable, "key store", socket_timeout_s)
         try:
-            self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=5,
-                                           decode_responses=True)
-            self._r.ping()
             self._init_secret(server_secret)
         except (redis.exceptions.RedisError, OSError) as exc:
-            raise KeyStoreUnavailable(f"cannot reach the Redis key store at {url}: {exc}") from exc
+            raise KeyStoreUnavailable(f"cannot reach the Redis key store at {safe_url(url)}: {exc}") from exc
 
     def stored_server_secret(self) -> str:
         name = self.prefix + "server_secret"

@@ -51,7 +51,6 @@ window (the memory backend's log is kept in arrival order). All costs and limits
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -59,6 +58,8 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+from ..redis_conn import connect, safe_url
 
 US = 1_000_000
 _SLACK_MS = 60_000   # extra real-time TTL on Redis keys (keys then vanish on their own); semantics never use TTLs
@@ -685,28 +686,16 @@ return redis.error_reply('unknown limiter op '..op)
 """
 
 
-def _safe_url(url: str) -> str:
-    """The URL without its password (for messages)."""
-    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
-
-
 class RedisLimiter(_Limiter):
     """The limiter on a (single, non-cluster) Redis server, shared by every process and replica."""
 
     def __init__(self, url: str, prefix: str = "qvl:", clock: Clock | None = None, socket_timeout_s: float = 5.0):
         import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
         self.url, self.prefix, self._clock = url, prefix, clock
         self._errors = (redis.exceptions.RedisError, OSError)
-        try:
-            # No client retries: a reservation must not be applied twice; the caller decides open/closed.
-            self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=5,
-                                           retry=Retry(NoBackoff(), 0), decode_responses=True)
-            self._r.ping()
-        except (redis.exceptions.RedisError, OSError, ValueError) as exc:
-            raise LimiterUnavailable(f"cannot reach the Redis limiter at {_safe_url(url)}: {exc}") from exc
+        # No client retries: a reservation must not be applied twice; the caller decides open/closed.
+        self._r = connect(url, LimiterUnavailable, "limiter", socket_timeout_s)
         self._script = self._r.register_script(_LUA)
 
     def _call(self, op: str, *args) -> object:
@@ -714,7 +703,7 @@ class RedisLimiter(_Limiter):
         try:
             return self._script(args=[op, self.prefix, now, *args])
         except self._errors as exc:
-            raise LimiterUnavailable(f"Redis limiter at {_safe_url(self.url)} failed: {exc}") from exc
+            raise LimiterUnavailable(f"Redis limiter at {safe_url(self.url)} failed: {exc}") from exc
 
     @staticmethod
     def _rows(reply, width: int) -> tuple[bool, int, list[tuple[int, ...]]]:

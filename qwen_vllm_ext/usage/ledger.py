@@ -52,6 +52,8 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
+from ..redis_conn import connect
+
 log = logging.getLogger(__name__)
 
 STATUSES = ("stop", "length", "client_disconnected", "aborted", "error")
@@ -435,19 +437,12 @@ class RedisLedgerStore:
 
     def __init__(self, url: str, prefix: str = "qve:", socket_timeout_s: float = 10.0):
         import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
 
         self.url, self.prefix, self.default_spill_dir = url, prefix, None
         self.transient_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                                  redis.exceptions.BusyLoadingError, OSError)
-        try:
-            # Retries are the LedgerWriter's job (with backoff and spill): the client itself tries once.
-            self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=5,
-                                           retry=Retry(NoBackoff(), 0), decode_responses=True)
-            self._r.ping()
-        except (redis.exceptions.RedisError, OSError, ValueError) as exc:
-            raise LedgerUnavailable(f"cannot reach the Redis ledger at {url}: {exc}") from exc
+        # Retries are the LedgerWriter's job (with backoff and spill): the client itself tries once.
+        self._r = connect(url, LedgerUnavailable, "ledger", socket_timeout_s)
         self._script = self._r.register_script(_LUA)
 
     def write_batch(self, records: list[LedgerRecord]) -> int:

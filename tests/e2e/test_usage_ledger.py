@@ -24,7 +24,7 @@ from qwen_vllm_ext.demo import SERVED_NAME
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore, open_store
 from qwen_vllm_ext.usage.reconcile import COUNTERS, fetch, parse_counters
 
-from ..redis_server import RedisServer, free_port
+from ..redis_server import free_port
 from .conftest import Server
 
 LONG_PROMPT = " ".join(f"Paragraph {i}: the ledger must never lose or double-count a single token." for i in range(30))
@@ -277,12 +277,6 @@ def test_kill_9_loses_no_completed_request_and_restart_keeps_the_ledger(tmp_path
         assert len(store.records()) >= kept + 1
     finally:
         restarted.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    with RedisServer() as redis:
-        yield redis
 
 
 @pytest.fixture(scope="module")

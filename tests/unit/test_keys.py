@@ -22,18 +22,11 @@ from qwen_vllm_ext.gateway import keys as K
 from qwen_vllm_ext.gateway.keys import (KeyCache, KeyNotFound, KeyStoreUnavailable, RedisKeyStore,
                                         SqliteKeyStore, open_key_store, parse_billed, parse_expiry,
                                         resolve_server_secret)
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVER_SECRET = "s" * 32
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    server = RedisServer().start()      # raises (test error, never a skip) if redis-server is missing
-    yield server
-    server.cleanup()
 
 
 class Target:

@@ -46,13 +46,6 @@ def make(rid: str, i: int = 0, **kw) -> LedgerRecord:
 
 
 # ------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def redis_server():
-    server = RedisServer().start()      # raises (test error, never a skip) if redis-server is missing
-    yield server
-    server.cleanup()
-
-
 class Target:
     """Where a backend's ledger lives; ``open()`` gives a fresh store (as another process would)."""
 

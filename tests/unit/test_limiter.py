@@ -32,12 +32,6 @@ class Clock:
         self.us += round(seconds * US)
 
 
-@pytest.fixture(scope="module")
-def redis_server():
-    with RedisServer() as srv:
-        yield srv
-
-
 @pytest.fixture(params=["memory", "sqlite", "redis"])
 def backend(request, tmp_path):
     """Factory ``new(clock)``: another client of one shared store per test (memory: the same object)."""
