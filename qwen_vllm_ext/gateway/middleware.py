@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import math
+import sqlite3
 import time
 
 from ..errors import error_body
@@ -107,7 +108,7 @@ class GatewayMiddleware:
             return await self.app(scope, receive, send)
         started = time.perf_counter()
         try:
-            key = self._authenticate(scope)
+            key = await self._authenticate(scope)
         except Rejection as rej:
             return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param))
         scope.setdefault("state", {})["qwen_api_key_id"] = key.key_id
@@ -155,12 +156,20 @@ class GatewayMiddleware:
                 await self._limiter_call(self.limiter.release_slot, held["slot_name"], held["slot"])
 
     # ---- steps ----------------------------------------------------------------------------------
-    def _authenticate(self, scope):
+    async def _authenticate(self, scope):
         secret = bearer(scope)
         if not secret:
             raise Rejection(401, "invalid_api_key", "no API key: send 'Authorization: Bearer qve-…' (create keys "
                             "with `python -m qwen_vllm_ext.keys create`)", type_="authentication_error")
-        key = self.keys.authenticate(secret)
+        from .keys import KeyStoreUnavailable
+
+        transient = (KeyStoreUnavailable, sqlite3.Error, *getattr(self.keys.store, "transient_errors", (OSError,)))
+        try:
+            key = await asyncio.to_thread(self.keys.authenticate, secret)
+        except transient as exc:  # keys cannot be checked: never admit unauthenticated traffic
+            logger.error("qwen-vllm-ext gateway: key store unavailable: %s", exc)
+            raise Rejection(503, "service_unavailable", "API keys cannot be checked right now; retry shortly",
+                            type_="server_error", headers={"retry-after": "1"}) from None
         if key is None:
             raise Rejection(401, "invalid_api_key", "the API key is not valid: check it was copied whole; keys "
                             "are shown only once at creation", type_="authentication_error")

@@ -242,5 +242,18 @@ def test_two_api_servers_sharing_redis_never_overshoot(tmp_path_factory):
             server.wait_healthy()
             key = make_key(data, "--name", "shared", "--tpm", "280", redis_url=redis.url)
             check_burst(barrier_burst(server, key["secret"]), tpm=280, cost=9 + 5)
+            # Redis lost at runtime: limiter_failure=closed (default) answers 503, nothing is admitted unmetered
+            other = make_key(data, "--name", "outage", "--tpm", "100000", redis_url=redis.url)
+            client = httpx.Client(base_url=server.base_url, timeout=120)
+            assert chat(client, other["secret"]).status_code == 200
+            redis.stop()
+            down = chat(client, other["secret"])
+            assert down.status_code == 503 and down.json()["error"]["code"] == "service_unavailable"
+            assert down.headers["retry-after"] == "1"
+            redis.restart()
+            deadline = time.monotonic() + 30
+            while chat(client, other["secret"]).status_code != 200:
+                assert time.monotonic() < deadline, "the gateway did not recover after Redis came back"
+                time.sleep(0.5)
         finally:
             server.stop()
