@@ -25,6 +25,10 @@ RESOLVED_ENV = "QWEN_VLLM_EXT_SETTINGS"
 ADDITIONAL_CONFIG_KEY = "qwen_vllm_ext"
 
 
+SECRET_FIELDS = ("gateway_secret", "admin_key", "spike_webhook")
+URL_FIELDS = ("ledger_redis_url", "limiter_redis_url")
+
+
 class SettingsError(ValueError):
     """A setting has an unknown name or a value of the wrong type."""
 
@@ -193,5 +197,13 @@ class Settings:
         (os.environ if environ is None else environ)[RESOLVED_ENV] = self.to_json()
 
     def public(self) -> dict[str, Any]:
-        """Settings safe to show on the health route."""
-        return dataclasses.asdict(self)
+        """Settings safe to show on the (unauthenticated) health route: secrets masked, URL passwords removed."""
+        from .redis_conn import safe_url
+
+        data = dataclasses.asdict(self)
+        for name in SECRET_FIELDS:
+            if data[name]:
+                data[name] = "***"
+        for name in URL_FIELDS:
+            data[name] = safe_url(data[name])
+        return data

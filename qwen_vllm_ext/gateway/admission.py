@@ -14,6 +14,12 @@ import math
 from qwen_v3_calculator.hygiene import sanitize
 
 GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+# POST routes that generate nothing and may pass an authenticated key unmetered; every other POST (vLLM's
+# /v1/responses, /v1/messages, /invocations, /inference/v1/generate, ...) is refused while the gateway is on,
+# so no generation escapes metering.
+UNMETERED_POST = ("/tokenize", "/detokenize", "/v1/tokens/count")
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
+HINT_KEY_SETTING = "sched_output_hint_key"
 
 
 class Rejection(Exception):
@@ -31,9 +37,8 @@ class Admission:
     body: dict
     body_changed: bool
     prompt_tokens: int
-    max_completion: int
-    n: int
-    cost: int  # tokens reserved against TPM
+    completion_tokens: int  # the most the engine may generate for the whole request (every prompt, every n)
+    cost: int  # tokens reserved against TPM: prompt_tokens + completion_tokens
     sanitized_chars: int
 
     def encoded(self) -> bytes:
@@ -123,29 +128,43 @@ def admit(body: dict, kind: str, key, calculator, max_model_len: int, over_cap: 
         raise Rejection(403, "model_not_allowed", f"this API key may not use model {model!r}; allowed: "
                         f"{', '.join(key.models)}", param="model", type_="permission_error")
     removed = sanitize_body(body, kind) if clean else 0
-    max_tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _int_field(body, max_tokens_name, 1)
+    # vLLM reads max_completion_tokens (chat only) before max_tokens; completions know max_tokens only.
+    name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    max_tokens = _int_field(body, name, 1)
     n = _int_field(body, "n", 1) or 1
     changed = removed > 0
     cap = getattr(key, "max_tokens_cap", None) if key is not None else None
     if cap is not None and max_tokens is not None and max_tokens > cap:
-        if over_cap == "cap":
-            body[max_tokens_name] = max_tokens = cap
-            changed = True
-        else:
-            raise Rejection(400, "max_tokens_exceeds_cap", f"'{max_tokens_name}' is {max_tokens} but this API "
-                            f"key allows at most {cap}; lower it", param=max_tokens_name)
+        if over_cap != "cap":
+            raise Rejection(400, "max_tokens_exceeds_cap", f"'{name}' is {max_tokens} but this API key allows at "
+                            f"most {cap}; lower it", param=name)
+        max_tokens = None  # lowered to the cap below
+    if cap is not None and max_tokens is None:
+        body[name] = max_tokens = cap  # the cap is enforced by the engine, not only by the reservation
+        changed = True
+    if max_tokens is None and kind == "completion":
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     prompts = count_prompts(body, kind, calculator)
     longest = max(prompts)
     if longest >= max_model_len:
         raise Rejection(400, "context_length_exceeded", f"the prompt has {longest} tokens but this model's "
                         f"context is {max_model_len} tokens (prompt + output); shorten the prompt or the "
                         "conversation history", param="messages" if kind == "chat" else "prompt")
-    wanted = max_tokens if max_tokens is not None else cap  # None: up to the context
-    completions = [min(wanted, max_model_len - p) if wanted is not None else max_model_len - p for p in prompts]
-    cost = sum(prompts) + n * sum(completions)  # an upper bound of what the engine can compute
-    return Admission(body=body, body_changed=changed, prompt_tokens=sum(prompts), max_completion=max(completions),
-                     n=n, cost=cost, sanitized_chars=removed)
+    completion = n * sum(min(max_tokens, max_model_len - p) if max_tokens is not None else max_model_len - p
+                         for p in prompts)  # an upper bound of what the engine can generate
+    return Admission(body=body, body_changed=changed, prompt_tokens=sum(prompts), completion_tokens=completion,
+                     cost=sum(prompts) + completion, sanitized_chars=removed)
+
+
+def strip_hint(body: dict, hint_key: str) -> bool:
+    """Drop a client's scheduling hint (``vllm_xargs[hint_key]``): behind the gateway, clients must not be able
+    to jump the token-weighted queue by claiming a tiny output."""
+    xargs = body.get("vllm_xargs")
+    if isinstance(xargs, dict) and hint_key in xargs:
+        body["vllm_xargs"] = {k: v for k, v in xargs.items() if k != hint_key}
+        return True
+    return False
 
 
 def duration(seconds: float) -> str:

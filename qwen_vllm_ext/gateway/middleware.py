@@ -20,7 +20,8 @@ import sqlite3
 import time
 
 from ..errors import error_body
-from .admission import GENERATION_PATHS, Rejection, admit, duration, parse_body
+from ..usage.middleware import to_micro
+from .admission import GENERATION_PATHS, UNMETERED_POST, Rejection, admit, duration, parse_body, strip_hint
 
 logger = logging.getLogger("qwen_vllm_ext.gateway")
 
@@ -113,13 +114,20 @@ class GatewayMiddleware:
             return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param))
         scope.setdefault("state", {})["qwen_api_key_id"] = key.key_id
         kind = GENERATION_PATHS.get(path)
-        if kind is None or scope.get("method") != "POST":
-            return await self.app(scope, receive, send)  # authenticated; nothing to meter
+        if kind is None:
+            if scope.get("method") != "POST" or path in UNMETERED_POST or path.endswith("/render"):
+                return await self.app(scope, receive, send)  # authenticated; nothing to meter
+            return await respond(send, 403, error_payload(
+                "endpoint_not_allowed", f"{path} is not available through the gateway, which meters "
+                "/v1/chat/completions and /v1/completions only", type_="permission_error"))
         try:
             raw = await self._read_body(receive)
             state = scope["app"].state  # the served model's calculator and context, set at startup
-            admission = admit(parse_body(raw), kind, key, state.qwen_vllm_ext_calculator, state.qwen_max_model_len,
-                              over_cap=self.settings.max_tokens_over_cap)
+            admission = await asyncio.to_thread(  # exact counting of up to max_body_bytes: off the event loop
+                admit, parse_body(raw), kind, key, state.qwen_vllm_ext_calculator, state.qwen_max_model_len,
+                over_cap=self.settings.max_tokens_over_cap)
+            if strip_hint(admission.body, self.settings.sched_output_hint_key):
+                admission.body_changed = True
             held = await self._reserve(key, admission)
         except Rejection as rej:
             return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
@@ -153,7 +161,10 @@ class GatewayMiddleware:
             if renew is not None:
                 renew.cancel()
             if held["slot"]:
-                await self._limiter_call(self.limiter.release_slot, held["slot_name"], held["slot"])
+                try:
+                    await asyncio.to_thread(self.limiter.release_slot, held["slot_name"], held["slot"])
+                except Exception:  # never mask the request's own outcome; the lease expires by itself
+                    logger.exception("qwen-vllm-ext gateway: releasing a concurrency slot failed")
 
     # ---- steps ----------------------------------------------------------------------------------
     async def _authenticate(self, scope):
@@ -213,40 +224,41 @@ class GatewayMiddleware:
                             type_="server_error", headers={"retry-after": "1"})
 
     async def _reserve(self, key, admission) -> dict:
-        now = time.time()
+        """Take every reservation the request needs, all or nothing (what was taken is released on failure)."""
         items = descriptors(key, self.settings, admission.cost)
         held = {"key": key, "items": items, "reservation": None, "budget": None, "slot": None, "slot_name": None,
                 "headers": {}, "cost": admission.cost}
-        if items:
-            decision = await self._limiter_call(self.limiter.reserve, items)
-            if decision is not UNAVAILABLE:
-                headers = rate_headers(decision, items)
-                if not decision.allowed:
-                    raise self._denied(decision, items, headers, admission.cost)
-                held["reservation"], held["headers"] = decision.reservation_id, headers
-        estimate = self.policy.bill(admission.prompt_tokens, admission.max_completion * admission.n)
-        from ..usage.middleware import to_micro
-
-        budgets = budget_items(key, to_micro(estimate["total_units"]), now)
-        if budgets:
-            decision = await self._limiter_call(self.limiter.reserve_quota, budgets)
-            if decision is not UNAVAILABLE and not decision.allowed:
-                await self._release(held)
-                raise Rejection(429, "insufficient_quota", "this API key's budget is used up for the "
-                                f"{'day' if any(':day:' in n for n in decision.blocking) else 'month'}; retrying "
-                                "will not help until it resets or an operator raises it", type_="insufficient_quota")
-            held["budget"] = decision.reservation_id if decision is not UNAVAILABLE else None
-        if key.max_concurrent:
-            name = f"slots:{key.key_id}"
-            slot = await self._limiter_call(self.limiter.acquire_slot, name, key.max_concurrent, SLOT_LEASE_S)
-            if slot is UNAVAILABLE:
-                slot = None
-            elif slot is None:
-                await self._release(held)
-                raise Rejection(429, "rate_limit_exceeded", f"this API key allows {key.max_concurrent} concurrent "
-                                "requests; wait for one to finish", type_="requests",
-                                headers={**held["headers"], "retry-after": "1"})
-            held["slot"], held["slot_name"] = slot, name
+        try:
+            if items:
+                decision = await self._limiter_call(self.limiter.reserve, items)
+                if decision is not UNAVAILABLE:
+                    headers = rate_headers(decision, items)
+                    if not decision.allowed:
+                        raise self._denied(decision, items, headers, admission.cost)
+                    held["reservation"], held["headers"] = decision.reservation_id, headers
+            estimate = self.policy.bill(admission.prompt_tokens, admission.completion_tokens)
+            budgets = budget_items(key, to_micro(estimate["total_units"]), time.time())
+            if budgets:
+                decision = await self._limiter_call(self.limiter.reserve_quota, budgets)
+                if decision is not UNAVAILABLE:
+                    if not decision.allowed:
+                        period = "day" if any(":day:" in n for n in decision.blocking) else "month"
+                        raise Rejection(429, "insufficient_quota", f"this API key's budget is used up for the {period};"
+                                        " retrying will not help until it resets or an operator raises it",
+                                        type_="insufficient_quota")
+                    held["budget"] = decision.reservation_id
+            if key.max_concurrent:
+                name = f"slots:{key.key_id}"
+                slot = await self._limiter_call(self.limiter.acquire_slot, name, key.max_concurrent, SLOT_LEASE_S)
+                if slot is None:
+                    raise Rejection(429, "rate_limit_exceeded", f"this API key allows {key.max_concurrent} "
+                                    "concurrent requests; wait for one to finish", type_="requests",
+                                    headers={**held["headers"], "retry-after": "1"})
+                if slot is not UNAVAILABLE:
+                    held["slot"], held["slot_name"] = slot, name
+        except Rejection:
+            await self._release(held)
+            raise
         return held
 
     def _denied(self, decision, items, headers, cost) -> Rejection:
@@ -262,8 +274,13 @@ class GatewayMiddleware:
                          type_=kind, headers={**headers, "retry-after": str(retry)})
 
     async def _release(self, held) -> None:
-        if held["reservation"]:
-            await self._limiter_call(self.limiter.release, held["reservation"])
+        """Give back whatever an admission that failed had taken (errors here must not mask the rejection)."""
+        for fn, arg in ((self.limiter.release, held["reservation"]), (self.limiter.release_quota, held["budget"])):
+            if arg:
+                try:
+                    await asyncio.to_thread(fn, arg)
+                except Exception:  # the store is failing: the reservation expires with its window
+                    logger.exception("qwen-vllm-ext gateway: releasing a reservation failed")
 
     async def _renew_slot(self, held) -> None:
         while True:
@@ -273,8 +290,7 @@ class GatewayMiddleware:
     def _reconcile(self, held, record) -> None:
         """Ledger callback (event loop): refund what the engine did not use, charge budgets their actual cost."""
         actual = record.engine_prompt_tokens + record.completion_tokens
-        adjust = {name: (amount if name.endswith(":rpm") else min(actual, amount))
-                  for name, _, _, amount in held["items"]}
+        adjust = {name: (amount if name.endswith(":rpm") else actual) for name, _, _, amount in held["items"]}
         loop = asyncio.get_running_loop()
         if held["reservation"]:
             loop.run_in_executor(None, self.limiter.adjust, held["reservation"], adjust)

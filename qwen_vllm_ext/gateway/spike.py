@@ -2,7 +2,8 @@
 
 After each recorded request the key's billed usage over the last 15 minutes (a sliding window in the limiter,
 so every API-server process and replica sees the same sum) is compared with ``spike_factor`` x its baseline:
-the key's average 15-minute usage over the previous 24 hours from the usage ledger, floored at
+the key's average 15-minute usage over the previous UTC day (the ledger's exact per-key daily aggregate: one
+indexed read, never a scan of records), floored at
 ``spike_min_units``. Above it the key is suspended for ``spike_cooldown_s`` (the suspension reaches every
 process within a second, like a revocation), a warning is logged, ``qwen_ext_keys_suspended_total`` is
 incremented and, if configured, ``spike_webhook`` receives a JSON POST.
@@ -35,15 +36,14 @@ class SpikeBreaker:
         self._baselines: dict[str, tuple[float, int]] = {}
 
     def baseline_micro(self, key_id: str) -> int:
-        """Average billed micro-units per 15 minutes over the 24 h before the current window (cached 60 s)."""
+        """Average billed micro-units per 15 minutes over the previous UTC day (cached 60 s)."""
         now = self.clock()
         cached = self._baselines.get(key_id)
         if cached and now - cached[0] < 60:
             return cached[1]
         store = self.ledger_store() if callable(self.ledger_store) else self.ledger_store
-        records = store.records(since=now - WINDOW_S - BASELINE_S, until=now - WINDOW_S)
-        total = sum(r.billed_total_micro for r in records if r.api_key_id == key_id)
-        value = int(total * WINDOW_S / BASELINE_S)
+        yesterday = time.strftime("%Y-%m-%d", time.gmtime(now - BASELINE_S))
+        value = int(store.daily(key_id, yesterday)["billed_micro"] * WINDOW_S / BASELINE_S)
         self._baselines[key_id] = (now, value)
         return value
 

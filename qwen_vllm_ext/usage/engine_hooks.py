@@ -76,7 +76,12 @@ def install(settings=None) -> bool:
 
     @functools.wraps(abort_requests)
     def abort_hook(self, request_ids, *args, **kwargs):
-        before = dict(self.request_states)
+        request_ids = list(request_ids)
+        before = {}  # the states this call may drop (not a copy of every running request)
+        for rid in request_ids:
+            for iid in (rid, *self.external_req_ids.get(rid, ())):
+                if iid in self.request_states:
+                    before[iid] = self.request_states[iid]
         aborted = abort_requests(self, request_ids, *args, **kwargs)
         for rid in aborted:
             req_state = before.get(rid)

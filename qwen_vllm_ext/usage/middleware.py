@@ -23,6 +23,7 @@ import time
 import uuid
 
 from .accounting import BOOK, CURRENT_HTTP_REQUEST, RequestTotals
+from .ledger import LedgerRecord, LedgerWriteError
 
 logger = logging.getLogger("qwen_vllm_ext.usage")
 
@@ -84,7 +85,8 @@ class UsageLedgerMiddleware:
                         state["streamed"] = True
                 message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", engine_id.encode())])
             elif message["type"] == "http.response.body" and not state["recorded"]:
-                final = not message.get("more_body", False) or b"data: [DONE]" in message.get("body", b"")
+                # vLLM sends the SSE terminator as a chunk of its own; model text may contain the same words
+                final = not message.get("more_body", False) or message.get("body", b"").strip() == b"data: [DONE]"
                 if final and state["http_status"] < 400:
                     await self._record(scope, engine_id, state)
             try:
@@ -115,21 +117,29 @@ class UsageLedgerMiddleware:
         await BOOK.wait_settled(state["key"], SETTLE_TIMEOUT_S)
         totals = RequestTotals.from_parts(BOOK.collect(state["key"]))
         BOOK.expire()  # counts of requests whose recording failed must not pile up
-        body = _parse_body(state["body"])
+        body = await asyncio.to_thread(_parse_body, state["body"])  # up to 16 MB: off the event loop
         record = self._build_record(scope, engine_id, state, totals, _final_usage(scope), body)
         started = time.monotonic()
-        newly = await asyncio.wait_for(asyncio.wrap_future(self.writer.submit(record)), COMMIT_TIMEOUT_S)
-        if not newly and not await self._is_ours(record):
-            # The id was recorded before by another request (a client reusing its X-Request-ID): this request
-            # gets its own record rather than being dropped as a duplicate.
-            record = dataclasses.replace(record, request_id=f"{record.request_id}~{uuid.uuid4().hex[:8]}")
-            await asyncio.wait_for(asyncio.wrap_future(self.writer.submit(record)), COMMIT_TIMEOUT_S)
-        if self.on_commit is not None:
-            self.on_commit(time.monotonic() - started)
-        if self.on_record is not None:
-            self.on_record(record, body)
-        for callback in scope["state"].get("qwen_usage_callbacks", ()):  # e.g. the gateway's reconciliation
-            callback(record)
+        try:
+            newly = await asyncio.wait_for(asyncio.wrap_future(self.writer.submit(record)), COMMIT_TIMEOUT_S)
+            if not newly and not await self._is_ours(record):
+                # The id was recorded before by another request (a client reusing its X-Request-ID): this
+                # request gets its own record rather than being dropped as a duplicate.
+                record = dataclasses.replace(record, request_id=f"{record.request_id}~{uuid.uuid4().hex[:8]}")
+                await asyncio.wait_for(asyncio.wrap_future(self.writer.submit(record)), COMMIT_TIMEOUT_S)
+            if self.on_commit is not None:
+                self.on_commit(time.monotonic() - started)
+        except LedgerWriteError as exc:
+            if exc.spilled_to is None:
+                raise  # not durable anywhere: the response must not complete as if it were
+            logger.error("qwen-vllm-ext: ledger store failed; record %s kept in %s for replay",
+                         record.request_id, exc.spilled_to)
+        finally:
+            # Reconciliation (gateway refunds, budgets, spike breaker) needs the counts, not durability.
+            if self.on_record is not None:
+                self.on_record(record, body)
+            for callback in scope["state"].get("qwen_usage_callbacks", ()):
+                callback(record)
 
     async def _is_ours(self, record) -> bool:
         """A duplicate can also be this very record (a store reply lost after the write): compare contents."""
@@ -137,8 +147,6 @@ class UsageLedgerMiddleware:
         return existing is not None and existing.to_dict() == record.to_dict()
 
     def _build_record(self, scope, engine_id, state, totals: RequestTotals, final_usage, body: dict):
-        from .ledger import LedgerRecord
-
         now = time.time()
         status = _status(totals, state["http_status"] or 200, state["disconnected"])
         reasoning = 0

@@ -141,6 +141,23 @@ def test_key_scope_revocation_expiry_and_auth_errors(gw):
     assert chat(client, live["secret"]).json()["error"]["code"] == "invalid_api_key"
 
 
+def test_no_generation_escapes_metering_and_no_secret_leaks(gw):
+    server, data = gw
+    key = make_key(data, "--name", "escape", "--max-tokens-cap", "7")
+    client = httpx.Client(base_url=server.base_url, timeout=120)
+    auth = {"Authorization": f"Bearer {key['secret']}"}
+    for path in ("/v1/responses", "/v1/messages", "/invocations", "/inference/v1/generate"):
+        r = client.post(path, headers=auth, json={"model": SERVED_NAME, "input": "hi"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "endpoint_not_allowed", path
+    assert client.post("/tokenize", headers=auth, json={"model": SERVED_NAME, "prompt": "hi"}).status_code == 200
+    # the key's max_tokens cap is enforced by the engine even when the client sends no max_tokens
+    r = client.post("/v1/chat/completions", headers=auth,
+                    json={"model": SERVED_NAME, "messages": HI, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7
+    health = client.get("/qwen_ext/health").text  # public route
+    assert ADMIN not in health and '"admin_key": "***"' in health.replace('":"', '": "')
+
+
 def test_admin_endpoints(gw):
     server, _ = gw
     client = httpx.Client(base_url=server.base_url, timeout=60)

@@ -71,3 +71,13 @@ def test_readme_documents_every_setting():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for name in Settings.field_names():
         assert f"| `{name}` |" in readme, f"setting {name} missing from the README settings reference"
+
+
+def test_public_settings_hide_secrets():
+    s = Settings(admin_key="topsecret-admin", gateway_secret="s" * 20, spike_webhook="https://hook/tok",
+                 ledger_redis_url="redis://user:pw123@10.0.0.5:6379/0")
+    public = json.dumps(s.public())
+    for secret in ("topsecret-admin", "s" * 20, "https://hook/tok", "pw123"):
+        assert secret not in public
+    assert s.public()["admin_key"] == "***" and s.public()["ledger_redis_url"] == "redis://user:***@10.0.0.5:6379/0"
+    assert Settings().public()["admin_key"] == ""  # unset stays visibly unset
