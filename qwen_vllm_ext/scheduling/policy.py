@@ -32,7 +32,7 @@ order below it.
 **FCFS fallback** (optional, ``fcfs_above > 0``): with more scored requests waiting than that, order the
 scored lane by arrival (no prefix-cache lookups), as SGLang does above 128 waiting.
 
-All factors come from settings (``PolicyConfig.from_settings``); see ``SETTING_DEFAULTS``.
+All factors come from settings (``PolicyConfig.from_settings``); see ``SETTING_FIELDS``.
 """
 from __future__ import annotations
 
@@ -41,22 +41,23 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-# Setting name (qwen_vllm_ext.config.Settings field) -> (PolicyConfig field, default).
-SETTING_DEFAULTS: dict[str, tuple[str, Any]] = {
-    "sched_output_weight": ("output_weight", 0.7),
-    "sched_output_cap": ("output_cap", 1024),
-    "sched_output_hint_key": ("hint_key", "expected_output_tokens"),
-    "sched_aging_half_life_s": ("aging_half_life_s", 4.0),
-    "sched_max_wait_s": ("max_wait_s", 30.0),
-    "sched_group_ratio": ("group_ratio", 0.0),
-    "sched_lookup_candidates": ("lookup_candidates", 64),
-    "sched_fcfs_above": ("fcfs_above", 0),
+# Setting name (qwen_vllm_ext.config.Settings field) -> PolicyConfig field. The defaults are PolicyConfig's;
+# the Settings fields repeat them (a unit test keeps the two equal).
+SETTING_FIELDS: dict[str, str] = {
+    "sched_output_weight": "output_weight",
+    "sched_output_cap": "output_cap",
+    "sched_output_hint_key": "hint_key",
+    "sched_aging_half_life_s": "aging_half_life_s",
+    "sched_max_wait_s": "max_wait_s",
+    "sched_group_ratio": "group_ratio",
+    "sched_lookup_candidates": "lookup_candidates",
+    "sched_fcfs_above": "fcfs_above",
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
-    """The policy's factors. Defaults serve most loads; every one is a setting (``SETTING_DEFAULTS``)."""
+    """The policy's factors. Defaults serve most loads; every one is a setting (``SETTING_FIELDS``)."""
 
     output_weight: float = 0.7
     """Weight of one expected output token relative to one uncached prompt token."""
@@ -94,8 +95,10 @@ class PolicyConfig:
     @classmethod
     def from_settings(cls, settings: Any) -> "PolicyConfig":
         """Build from a ``Settings`` object (or anything with the ``sched_*`` attributes; missing = default)."""
+        defaults = cls()
         values = {}
-        for setting, (field, default) in SETTING_DEFAULTS.items():
+        for setting, field in SETTING_FIELDS.items():
+            default = getattr(defaults, field)
             values[field] = type(default)(getattr(settings, setting, default))
         return cls(**values)
 

@@ -159,8 +159,13 @@ def test_config_validation_and_settings():
     cfg = PolicyConfig.from_settings(settings)
     assert (cfg.output_weight, cfg.max_wait_s, cfg.lookup_candidates, cfg.output_cap) == (0.5, 12.0, 8, 1024)
     assert PolicyConfig.from_settings(object()) == PolicyConfig()
-    assert {field for field, _ in policy.SETTING_DEFAULTS.values()} == {
-        f for f in PolicyConfig.__dataclass_fields__}
+    assert set(policy.SETTING_FIELDS.values()) == set(PolicyConfig.__dataclass_fields__)
+
+
+def test_settings_defaults_are_the_policy_defaults():
+    from qwen_vllm_ext.config import Settings
+
+    assert PolicyConfig.from_settings(Settings()) == PolicyConfig()
 
 
 def test_admission_stats_snapshot_and_drain():
