@@ -414,6 +414,69 @@ def git_commit() -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ main
+def gateway_cpu_ms_per_request(n: int = 500) -> float:
+    """CPU milliseconds (all threads) the gateway middleware spends per admitted request, in-process, with the
+    real key store, SQLite limiter, spike breaker and calculator in front of a no-op app: the gateway's cost
+    without the engine's noise."""
+    import asyncio
+    import tempfile
+    import types
+
+    from qwen_v3_calculator import Calculator
+    from qwen_v3_calculator.billing import get_policy
+    from qwen_vllm_ext.config import Settings
+    from qwen_vllm_ext.gateway.keys import KeyCache, SqliteKeyStore
+    from qwen_vllm_ext.gateway.limiter import SqliteLimiter
+    from qwen_vllm_ext.gateway.middleware import GatewayMiddleware
+    from qwen_vllm_ext.gateway.spike import SpikeBreaker
+    from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
+
+    d = tempfile.mkdtemp(prefix="bench-gw-cpu-")
+    settings = Settings(data_dir=d, gateway=True, spike_min_units=1e15)
+    keys = SqliteKeyStore(os.path.join(d, "ledger.sqlite3"), "s" * 32)
+    secret, _ = keys.create("bench", rpm=10**9, tpm=10**12)
+    limiter = SqliteLimiter(os.path.join(d, "limiter.sqlite3"))
+    breaker = SpikeBreaker(settings, limiter, keys, SqliteLedgerStore(os.path.join(d, "ledger.sqlite3")))
+    record = types.SimpleNamespace(engine_prompt_tokens=12, completion_tokens=16, billed_total_micro=33_600_000)
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+        for callback in scope["state"].get("qwen_usage_callbacks", ()):  # what the ledger does after a response
+            callback(record)
+
+    gateway = GatewayMiddleware(app, settings=settings, keys=KeyCache(keys), limiter=limiter,
+                                policy=get_policy("default"), on_spike=breaker.observe)
+    state = types.SimpleNamespace(qwen_vllm_ext_calculator=Calculator(), qwen_max_model_len=4096)
+    texts = prompts(64, SEED)
+
+    async def one(i):
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": texts[i % len(texts)]}],
+                           "max_tokens": 16}).encode()
+        scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST", "state": {},
+                 "app": types.SimpleNamespace(state=state), "headers": [(b"authorization", f"Bearer {secret}".encode())]}
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            return messages.pop() if messages else await asyncio.sleep(3600)
+
+        async def send(message):
+            pass
+
+        await gateway(scope, receive, send)
+
+    async def run(count):
+        for i in range(count):
+            await one(i)
+        await asyncio.sleep(0.2)  # let the executor finish the reconciliation calls
+
+    asyncio.run(run(50))  # warm-up
+    started = time.process_time()
+    asyncio.run(run(n))
+    return (time.process_time() - started) * 1000 / n
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -458,6 +521,8 @@ def main(argv=None) -> int:
     out_json = args.output or os.path.join(RESULTS, f"bench_gateway{suffix}.json")
     out_png = os.path.splitext(out_json)[0] + ".png"
 
+    gateway_cpu = gateway_cpu_ms_per_request()
+    log(f"gateway CPU per request (in-process, no engine): {gateway_cpu:.3f} ms")
     texts = prompts(args.requests, args.seed)
     warm_texts = prompts(args.warmup, args.seed + 1) if args.warmup else []
     t0 = time.monotonic()
@@ -506,6 +571,11 @@ def main(argv=None) -> int:
     if len(spread) > 1:
         print(f"OFF phases req/s spread: {min(spread):.2f}..{max(spread):.2f} "
               f"({(max(spread) - min(spread)) / (sum(spread) / len(spread)) * 100:.0f}% of their mean: run-to-run noise)")
+    estimate = off["server_cpu_ms_per_request"] / (off["server_cpu_ms_per_request"] + gateway_cpu) \
+        if off["server_cpu_ms_per_request"] else 0.0
+    print(f"gateway CPU per request, in-process with real keys/limiter/SQLite and no engine: {gateway_cpu:.3f} ms; "
+          f"against {off['server_cpu_ms_per_request']:.1f} ms of server CPU per request (OFF) that bounds the "
+          f"throughput ratio at {estimate:.3f} on a CPU-bound server")
     if errors or not_full:
         print(f"errors: {errors} failed requests, {not_full} responses without exactly {args.max_tokens} tokens")
     print(f"throughput ratio ON/OFF: {ratio:.3f} req/s ({tok_ratio:.3f} tokens/s), target >= {args.target:.2f}: "
@@ -519,7 +589,8 @@ def main(argv=None) -> int:
                    "quick": args.quick},
         "environment": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "platform": platform.platform(), "git": git_commit()},
-        "ratio_req_per_s": ratio, "ratio_tokens_per_s": tok_ratio,
+        "ratio_req_per_s": ratio, "ratio_tokens_per_s": tok_ratio, "gateway_cpu_ms_per_request": gateway_cpu,
+        "cpu_bound_ratio_estimate": estimate,
         "ratio_server_cpu_per_request": cpu_ratio, "ratio_p50_latency_off_on": p50_ratio, "pass": passed, "errors": errors,
         "not_full_length": not_full, "total_s": total,
         "on": {k: v for k, v in on.items() if not k.startswith("raw_")},

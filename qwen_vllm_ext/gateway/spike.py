@@ -34,6 +34,7 @@ class SpikeBreaker:
         self.counter = counter
         self.clock = clock
         self._baselines: dict[str, tuple[float, int]] = {}
+        self._suspended: dict[str, float] = {}  # key id -> until: suspend (log, webhook) once per spike
 
     def baseline_micro(self, key_id: str) -> int:
         """Average billed micro-units per 15 minutes over the previous UTC day (cached 60 s)."""
@@ -53,9 +54,10 @@ class SpikeBreaker:
         decision = self.limiter.reserve([(name, UNBOUNDED, WINDOW_S, billed_micro)])
         used = UNBOUNDED - decision.descriptors[name].remaining
         threshold = self.factor * max(self.baseline_micro(key.key_id), self.floor_micro)
-        if used <= threshold:
-            return False
+        if used <= threshold or self._suspended.get(key.key_id, 0.0) > self.clock():
+            return False  # no spike, or this spike already suspended the key (requests still in flight)
         until = self.clock() + self.cooldown_s
+        self._suspended[key.key_id] = until
         reason = (f"usage spike: {used / 1e6:.2f} billed units in 15 min > {self.factor:g}x baseline "
                   f"({threshold / self.factor / 1e6:.2f})")
         self.key_store.suspend(key.key_id, until, reason)
