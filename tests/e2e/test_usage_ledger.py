@@ -300,3 +300,25 @@ def test_unreachable_redis_refuses_to_start(tmp_path_factory):
         assert "redis://127.0.0.1" in server.log_tail(400)
     finally:
         server.stop()
+
+
+def test_anthropic_messages_stream_usage_events_carry_cached_tokens(demo_server):
+    """/v1/messages is served through the patched chat stream: its usage events carry the cache hits."""
+    client = httpx.Client(base_url=demo_server.base_url, timeout=120)
+    body = {"model": SERVED_NAME, "max_tokens": 4, "stream": True,
+            "messages": [{"role": "user", "content": LONG_PROMPT + " (anthropic)"}]}
+    for attempt in range(2):  # the second request hits the prefix cache of the first
+        usages = []
+        rid = f"anthropic-{uuid.uuid4().hex[:8]}"
+        with client.stream("POST", "/v1/messages", json=body, headers={"X-Request-ID": rid}) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    usage = event.get("usage") or (event.get("message") or {}).get("usage")
+                    if usage:
+                        usages.append(usage)
+    assert len(usages) >= 2  # message_start and message_delta
+    assert usages[-1]["output_tokens"] == 4 and usages[-1].get("cache_read_input_tokens", 0) > 0
+    record = wait_for_records(sqlite_store(demo_server), [rid])[rid]
+    assert record.endpoint == "/v1/messages" and record.completion_tokens == 4 and record.cached_tokens > 0
