@@ -34,3 +34,13 @@ def redis_server():
     """A real, throw-away redis-server (raises, never skips, when the binary is missing)."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir(tmp_path_factory):
+    """The generated official Qwen3 tokenizer files (the reference for HF ``tokenizers``), built once."""
+    from qwen_v3_calculator.hf_export import write_tokenizer_files
+
+    d = tmp_path_factory.mktemp("qwen3-tok")
+    write_tokenizer_files(d, "qwen3")
+    return d

@@ -30,13 +30,9 @@ CASES = {**CONVERSATIONS, **EXTRA}
 
 
 @pytest.fixture(scope="module")
-def reference_tokenizer(tmp_path_factory):
+def reference_tokenizer(qwen3_tokenizer_dir):
     """HF ``tokenizers`` on the same generated Qwen3 tokenizer.json the demo model ships."""
-    from qwen_v3_calculator.hf_export import write_tokenizer_files
-
-    d = tmp_path_factory.mktemp("qwen3-tok")
-    write_tokenizer_files(d, "qwen3")
-    return HFAdapter(d / "tokenizer.json")
+    return HFAdapter(qwen3_tokenizer_dir / "tokenizer.json")
 
 
 def _wire(messages):

@@ -280,12 +280,8 @@ class HFAdapter:
 
 
 @pytest.fixture(scope="session")
-def hf_qwen3(tmp_path_factory):
-    from qwen_v3_calculator.hf_export import write_tokenizer_files
-
-    d = tmp_path_factory.mktemp("qwen3-tok")
-    write_tokenizer_files(d, "qwen3")
-    return HFAdapter(d / "tokenizer.json")
+def hf_qwen3(qwen3_tokenizer_dir):
+    return HFAdapter(qwen3_tokenizer_dir / "tokenizer.json")
 
 
 def test_count_chat_counts_the_rendered_prompt(hf_qwen3):
