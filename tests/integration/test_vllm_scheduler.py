@@ -8,24 +8,21 @@ import random
 from collections import Counter
 
 import pytest
+import torch
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
 
-pytest.importorskip("vllm")
-
-import torch  # noqa: E402
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
-
-from qwen_vllm_ext.demo import ensure_demo_model  # noqa: E402
-from qwen_vllm_ext.scheduling.policy import PolicyConfig  # noqa: E402
-from qwen_vllm_ext.scheduling.vllm_scheduler import (  # noqa: E402
+from qwen_vllm_ext.demo import ensure_demo_model
+from qwen_vllm_ext.scheduling.policy import PolicyConfig
+from qwen_vllm_ext.scheduling.vllm_scheduler import (
     TokenWeightedAsyncScheduler,
     TokenWeightedRequestQueue,
     TokenWeightedScheduler,
