@@ -26,11 +26,6 @@ class SchedulerCollector:
                                     "Admissions through the max-wait (arrival order) lane"),
             "cache_hit_tokens": ("qwen_ext_sched_cache_hit_tokens", "Prefix-cache hit tokens at admission"),
         }
-        for field, (name, doc) in counters.items():
-            family = CounterMetricFamily(name, doc, labels=["pid"])
-            for s in statuses:
-                family.add_metric([str(s["pid"])], s["stats"][field])
-            yield family
         gauges = {
             "admitted_weight_std_last": ("qwen_ext_sched_admitted_weight_std",
                                          "Standard deviation of admitted request weights in the last step"),
@@ -39,8 +34,9 @@ class SchedulerCollector:
             "queue_wait_p50_s": ("qwen_ext_sched_queue_wait_p50_seconds", "Queue wait p50 (recent admissions)"),
             "queue_wait_p99_s": ("qwen_ext_sched_queue_wait_p99_seconds", "Queue wait p99 (recent admissions)"),
         }
-        for field, (name, doc) in gauges.items():
-            family = GaugeMetricFamily(name, doc, labels=["pid"])
-            for s in statuses:
-                family.add_metric([str(s["pid"])], s["stats"][field])
-            yield family
+        for family_cls, table in ((CounterMetricFamily, counters), (GaugeMetricFamily, gauges)):
+            for field, (name, doc) in table.items():
+                family = family_cls(name, doc, labels=["pid"])
+                for published in statuses:
+                    family.add_metric([str(published["pid"])], published["stats"][field])
+                yield family
