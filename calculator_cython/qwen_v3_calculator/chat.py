@@ -3,7 +3,10 @@
 ``render_chat`` returns the prompt string, ``count_chat`` its token count (``tokenizer.encode`` of the prompt,
 added tokens recognized, no BOS: vLLM tokenizes chat prompts with ``add_special_tokens=False``).
 Supported templates: ``"qwen2.5"``, ``"qwen3"`` and ``"qwen3.5"`` (also Qwen3.6; tool calls rendered as
-``<function=…><parameter=…>`` blocks). Each is a hand-written Python mirror of the official Jinja text
+``<function=…><parameter=…>`` blocks), and ``"qwen3-reuse"``: this package's prefix-stable Qwen3 template
+(``data/qwen3-reuse.jinja``, :func:`template_path`), which keeps the ``<think>`` block of every earlier
+assistant turn (reasoning, or the empty block of ``enable_thinking=false``) unless the template kwarg
+``preserve_thinking`` is false, in which case it renders exactly as the official Qwen3 template. Each is a hand-written Python mirror of the official Jinja text
 (``qwen_vllm_ext.assets.chat_template``), rendered as transformers does (``trim_blocks``, ``lstrip_blocks``,
 ``tojson`` = ``json.dumps(ensure_ascii=False)`` without key sorting); unit tests hold them equal to that
 rendering. No jinja2 at count time.
@@ -33,10 +36,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-__all__ = ["TEMPLATES", "count_chat", "render_chat", "normalize_messages", "normalize_tools",
-           "validate_messages", "message_text"]
+__all__ = ["TEMPLATES", "REUSE_TEMPLATES", "count_chat", "render_chat", "normalize_messages", "normalize_tools",
+           "validate_messages", "message_text", "template_path"]
 
-TEMPLATES = ("qwen2.5", "qwen3", "qwen3.5")
+TEMPLATES = ("qwen2.5", "qwen3", "qwen3.5")  # official templates (reference texts: qwen_vllm_ext.assets)
+REUSE_TEMPLATES = {"qwen3-reuse": "qwen3-reuse.jinja"}  # shipped by this package: name -> file in data/
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _TEXT_PART_TYPES = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
                     "thinking": "thinking"}  # part type -> key holding its text
@@ -321,7 +325,9 @@ def _is_tool_response(text: str) -> bool:
     return text.startswith("<tool_response>") and text.endswith("</tool_response>")
 
 
-def _render_qwen3(msgs, tools, add_generation_prompt, enable_thinking) -> str:
+def _render_qwen3(msgs, tools, add_generation_prompt, enable_thinking, preserve_thinking=False) -> str:
+    """The official Qwen3 template; ``preserve_thinking``: data/qwen3-reuse.jinja (every assistant turn keeps
+    its ``<think>`` block, empty when there is no reasoning)."""
     out = []
     first_system = msgs[0]["role"] == "system"
     if tools:
@@ -349,7 +355,7 @@ def _render_qwen3(msgs, tools, add_generation_prompt, enable_thinking) -> str:
                 reasoning = ""
                 if "</think>" in content:
                     reasoning, content = _split_think(content)
-            if i > last_query and (i == n - 1 or reasoning):
+            if preserve_thinking or (i > last_query and (i == n - 1 or reasoning)):
                 out.append("<|im_start|>assistant\n<think>\n" + reasoning.strip("\n") + "\n</think>\n\n"
                            + content.lstrip("\n"))
             else:
@@ -443,8 +449,35 @@ def _render_qwen35(msgs, tools, add_generation_prompt, enable_thinking) -> str:
     return "".join(out)
 
 
-_RENDERERS = {"qwen2.5": _render_qwen25, "qwen3": _render_qwen3, "qwen3.5": _render_qwen35}
-_CONTENT_FORMAT = {"qwen2.5": "string", "qwen3": "string", "qwen3.5": "openai"}  # vLLM's detection result
+def _render_qwen3_reuse(msgs, tools, add_generation_prompt, enable_thinking, preserve_thinking=True) -> str:
+    return _render_qwen3(msgs, tools, add_generation_prompt, enable_thinking, bool(preserve_thinking))
+
+
+_RENDERERS = {"qwen2.5": _render_qwen25, "qwen3": _render_qwen3, "qwen3.5": _render_qwen35,
+              "qwen3-reuse": _render_qwen3_reuse}
+_CONTENT_FORMAT = {"qwen2.5": "string", "qwen3": "string", "qwen3.5": "openai",
+                   "qwen3-reuse": "string"}  # vLLM's detection result
+
+
+def template_path(name: str = "qwen3-reuse") -> str:
+    """Path of a chat template file shipped with this package (for vLLM's ``--chat-template``)."""
+    import os
+
+    if name not in REUSE_TEMPLATES:
+        raise ValueError(f"no shipped chat template {name!r}; shipped: {', '.join(REUSE_TEMPLATES)}")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", REUSE_TEMPLATES[name])
+
+
+def _renderer(template: str, template_kwargs: dict):
+    """The renderer of ``template`` with the template kwargs it reads bound (others are ignored, as vLLM
+    and the Jinja templates ignore them)."""
+    renderer = _RENDERERS.get(template)
+    if renderer is None:
+        raise ValueError(f"unknown chat template {template!r}; known: {', '.join(_RENDERERS)}")
+    if template in REUSE_TEMPLATES and "preserve_thinking" in template_kwargs:
+        preserve = template_kwargs["preserve_thinking"]
+        return lambda *a: renderer(*a, preserve_thinking=preserve)
+    return renderer
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -459,11 +492,10 @@ def render_chat(messages, tools=None, template: str = "qwen3", add_generation_pr
     ``enable_thinking=None`` leaves it unset (the template default: thinking on). As in vLLM,
     ``reasoning_effort`` sets ``enable_thinking = reasoning_effort != "none"`` when ``enable_thinking`` is
     not given, ``tool_choice="none"`` drops the tools only with ``exclude_tools_when_tool_choice_none``
-    (the server flag), and other template kwargs are accepted and ignored (the Qwen templates read none).
+    (the server flag), and other template kwargs are accepted and ignored (the official Qwen templates read
+    none; "qwen3-reuse" reads ``preserve_thinking``, default true).
     """
-    renderer = _RENDERERS.get(template)
-    if renderer is None:
-        raise ValueError(f"unknown chat template {template!r}; known: {', '.join(TEMPLATES)}")
+    renderer = _renderer(template, template_kwargs)
     if enable_thinking is None and reasoning_effort is not None:
         enable_thinking = reasoning_effort != "none"
     if continue_final_message and add_generation_prompt:
