@@ -120,6 +120,15 @@ class Settings:
     spike_webhook: str = ""
     """URL that receives a JSON POST when a key is suspended (empty: none)."""
 
+    # ---- KV-cache reuse across turns -----------------------------------------------------------
+    kv_reuse_template: bool = True
+    """Serve Qwen3 hybrid-thinking models with the package's prefix-stable ``qwen3-reuse`` chat template (earlier
+    turns keep their ``<think>`` blocks, so each turn reuses the previous turn's KV cache); false = the model's own."""
+    kv_reuse_tracker_size: int = 10000
+    """Conversations whose previous turn each API-server process remembers for the reuse ratio (LRU)."""
+    idle_sleep_s: float = 0.0
+    """Put the engine to sleep (vLLM sleep mode, GPU only) after this many idle seconds; the next request wakes it (0 = off)."""
+
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def field_names(cls) -> list[str]:

@@ -19,16 +19,20 @@ COUNT_PATH = "/v1/tokens/count"
 def init_state(state, args) -> None:
     names = getattr(args, "served_model_name", None) or [args.model]
     state.qwen_vllm_ext_served_model = names[0] if isinstance(names, list) else names
-    state.qwen_vllm_ext_calculator = calculator_for_model(args.model, getattr(args, "tokenizer", None))
+    from .kv.reuse import served_template
+
+    # the template vLLM serves: the package's prefix-stable one in KV-reuse mode (else from the tokenizer)
+    state.qwen_vllm_ext_calculator = calculator_for_model(args.model, getattr(args, "tokenizer", None),
+                                                          template=served_template(args))
 
 
-def calculator_for_model(model: str | None, tokenizer: str | None = None):
+def calculator_for_model(model: str | None, tokenizer: str | None = None, template: str | None = None):
     from qwen_v3_calculator import Calculator
 
     for candidate in (tokenizer, model):
         if candidate and os.path.isfile(os.path.join(os.path.expanduser(candidate), "tokenizer.json")):
-            return Calculator(tokenizer=os.path.expanduser(candidate))
-    return Calculator()
+            return Calculator(tokenizer=os.path.expanduser(candidate), template=template)
+    return Calculator(template=template)
 
 
 def attach(app) -> None:

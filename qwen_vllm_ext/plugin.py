@@ -92,6 +92,9 @@ class EndpointPlugin:
         _register_collectors()
         settings = Settings.current()
         ledger = "usage_accounting" in register_general()["patches"]  # the ledger needs the engine hooks
+        from .kv import server as kv_server
+
+        kv_server.attach(app, settings)  # innermost: conversation ids, idle sleep (gateway rejections never wake)
         if settings.gateway:
             if not ledger:
                 raise RuntimeError("qwen-vllm-ext: the gateway needs the usage ledger (settings ledger=true and a "
@@ -109,6 +112,9 @@ class EndpointPlugin:
         counting.init_state(state, args)
         if engine_client is not None:
             state.qwen_max_model_len = engine_client.model_config.max_model_len
+        from .kv import server as kv_server
+
+        await kv_server.init_state(engine_client, state, state.qwen_vllm_ext_settings)
 
 
 _collectors_registered = False

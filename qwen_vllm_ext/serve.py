@@ -148,14 +148,44 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
         raise LaunchError(f"model path {model!r} does not exist; pass a model directory or a Hugging Face id")
 
     final = head + profile.vllm_argv(given, lambda f: _flag_dest(parser, f)) + rest
+    final += kv_flags(settings, profile, model, given, print_only=ours.print_command, announce=export)
     args = parser.parse_args(final)
     if args.model_tag is not None:
         args.model = args.model_tag
     validate_parsed_serve_args(args)
+    if settings.idle_sleep_s > 0 and (getattr(args, "api_server_count", None) or 1) > 1:
+        raise LaunchError("idle_sleep_s needs a single API-server process (each one would run its own idle timer "
+                          "against the shared engine): drop --api-server-count or set idle_sleep_s=0")
     if settings.gateway and getattr(args, "api_key", None):
         raise LaunchError("--api-key and the gateway both authenticate: vLLM's check runs first and would reject "
                           "gateway keys. Use gateway keys (`python -m qwen_vllm_ext.keys create`) or drop the gateway")
     return args, final, env_updates, profile, settings
+
+
+def kv_flags(settings, profile, model: str, given: set[str], print_only: bool = False, announce: bool = False) -> list[str]:
+    """KV-cache reuse flags: the prefix-stable template for Qwen3 models, sleep mode for ``idle_sleep_s``."""
+    from qwen_v3_calculator.chat import template_path
+
+    from .kv.reuse import launcher_flags
+
+    flags, note = launcher_flags(settings.kv_reuse_template, model, given, template_path())
+    if announce:
+        print(f"qwen_vllm_ext.serve: KV-cache reuse template {note}", file=sys.stderr)
+    if settings.idle_sleep_s > 0:
+        if profile.device == "cpu" or not (print_only or _sleep_mode_available()):
+            raise LaunchError(
+                f"idle_sleep_s={settings.idle_sleep_s:g} needs vLLM's sleep mode, which this platform does not support "
+                "(vLLM: is_sleep_mode_available() is true only on CUDA, ROCm and XPU; the CPU build has none). "
+                "Set idle_sleep_s=0 (the default) here")
+        if "enable_sleep_mode" not in given:
+            flags.append("--enable-sleep-mode")
+    return flags
+
+
+def _sleep_mode_available() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
 
 
 def format_command(final: list[str], env_updates: dict) -> str:

@@ -112,6 +112,8 @@ class LedgerRecord:
     latency_s: float
     streamed: bool
     api_key_id: str | None = None
+    conversation_id: str | None = None  # x-conversation-id header or the `user` field (KV-reuse tracking)
+    reuse_ratio: float | None = None  # cached tokens / previous turn's prompt + completion of the conversation
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,6 +143,14 @@ class LedgerRecord:
             raise ValueError(f"LedgerRecord.streamed must be a bool, got {self.streamed!r}")
         if self.api_key_id is not None and not isinstance(self.api_key_id, str):
             raise ValueError(f"LedgerRecord.api_key_id must be a string or None, got {self.api_key_id!r}")
+        if self.conversation_id is not None and not isinstance(self.conversation_id, str):
+            raise ValueError(f"LedgerRecord.conversation_id must be a string or None, got {self.conversation_id!r}")
+        if self.reuse_ratio is not None:
+            if isinstance(self.reuse_ratio, bool) or not isinstance(self.reuse_ratio, (int, float)) \
+                    or not math.isfinite(self.reuse_ratio) or self.reuse_ratio < 0:
+                raise ValueError(f"LedgerRecord.reuse_ratio must be a non-negative number or None, "
+                                 f"got {self.reuse_ratio!r}")
+            self.reuse_ratio = float(self.reuse_ratio)
 
     @property
     def billed_total_micro(self) -> int:
@@ -257,7 +267,8 @@ CREATE TABLE IF NOT EXISTS requests (
     cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, reasoning_tokens INTEGER NOT NULL,
     engine_prompt_tokens INTEGER NOT NULL, billed_prompt_micro INTEGER NOT NULL,
     billed_completion_micro INTEGER NOT NULL, received_at REAL NOT NULL, finished_at REAL NOT NULL,
-    ttft_s REAL, latency_s REAL NOT NULL, streamed INTEGER NOT NULL, api_key_id TEXT);
+    ttft_s REAL, latency_s REAL NOT NULL, streamed INTEGER NOT NULL, api_key_id TEXT, conversation_id TEXT,
+    reuse_ratio REAL);
 CREATE INDEX IF NOT EXISTS requests_finished ON requests (finished_at);
 CREATE TABLE IF NOT EXISTS daily (
     api_key_id TEXT NOT NULL, day TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,
@@ -272,6 +283,18 @@ INSERT INTO daily VALUES (?, ?, ?, 1, ?, ?, ?, ?) ON CONFLICT (api_key_id, day, 
     cached_tokens = cached_tokens + excluded.cached_tokens,
     completion_tokens = completion_tokens + excluded.completion_tokens,
     billed_micro = billed_micro + excluded.billed_micro"""
+
+
+# Columns added after the first release: (name, SQL type). A ledger file from before gets them (NULL for old rows).
+_ADDED_COLUMNS = (("conversation_id", "TEXT"), ("reuse_ratio", "REAL"))
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Backward-compatible schema migration (inside the opening transaction): add missing columns."""
+    present = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
+    for name, kind in _ADDED_COLUMNS:
+        if name not in present:
+            db.execute(f"ALTER TABLE requests ADD COLUMN {name} {kind}")
 
 
 def _row_to_record(row: sqlite3.Row | tuple) -> LedgerRecord:
@@ -303,6 +326,7 @@ class SqliteLedgerStore:
                     for stmt in _SCHEMA.split(";"):
                         if stmt.strip():
                             self._db.execute(stmt)
+                    _migrate(self._db)
                     self._db.execute("COMMIT")
                 except BaseException:
                     self._db.execute("ROLLBACK")

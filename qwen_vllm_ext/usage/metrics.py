@@ -21,6 +21,9 @@ def metrics():
         "write": Histogram("qwen_ext_ledger_commit_wait_seconds",
                            "Time from a response's end to its ledger record being committed",
                            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)),
+        "reuse": Histogram("qwen_ext_kv_reuse_ratio",
+                           "Per conversation turn: cached tokens / previous turn's prompt + completion tokens",
+                           buckets=(0.1, 0.25, 0.5, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)),
     }
 
 
@@ -31,3 +34,5 @@ def observe_record(record, queue_depth: int) -> None:
     m["tokens"].labels("prompt").inc(record.prompt_tokens)
     m["tokens"].labels("completion").inc(record.completion_tokens)
     m["queue"].set(queue_depth)
+    if getattr(record, "reuse_ratio", None) is not None:
+        m["reuse"].observe(record.reuse_ratio)

@@ -22,6 +22,7 @@ import re
 import time
 import uuid
 
+from ..kv.reuse import conversation_id, tracker as reuse_tracker
 from .accounting import BOOK, CURRENT_HTTP_REQUEST, RequestTotals
 from .ledger import LedgerRecord, LedgerWriteError
 
@@ -156,6 +157,11 @@ class UsageLedgerMiddleware:
         bill = self.policy.bill(billed_prompt, totals.completion_tokens,
                                 cached_tokens=min(totals.cached_tokens, billed_prompt))
         model = body.get("model") if isinstance(body.get("model"), str) else ""
+        conversation = conversation_id(scope.get("headers"), body)
+        reuse_ratio = None
+        if status in ("stop", "length") and totals.engine_prompt_tokens:  # a turn the engine really ran
+            reuse_ratio = reuse_tracker().observe(conversation, totals.prompt_tokens, totals.cached_tokens,
+                                                  totals.completion_tokens)
         return LedgerRecord(
             request_id=engine_id,
             instance_id=self.instance_id,
@@ -176,6 +182,8 @@ class UsageLedgerMiddleware:
             latency_s=now - state["received_at"],
             streamed=state["streamed"],
             api_key_id=(scope.get("state") or {}).get("qwen_api_key_id"),
+            conversation_id=conversation,
+            reuse_ratio=reuse_ratio,
         )
 
 

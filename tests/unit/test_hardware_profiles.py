@@ -78,6 +78,7 @@ def test_profiles_are_complete_data_files():
         "max-model-len": 32768, "max-num-seqs": 256, "max-num-batched-tokens": 8192, "block-size": 16,
         "enable-chunked-prefill": True, "enable-prefix-caching": True,
         "tensor-parallel-size": 1, "pipeline-parallel-size": 1,
+        "kv-offloading-size": 64, "kv-offloading-backend": "native",  # KV-cache reuse: offload to host RAM
     }
     # flags from the report that are invalid or harmful today are NOT passed
     for name in profile_names():

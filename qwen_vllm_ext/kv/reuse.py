@@ -1,0 +1,174 @@
+"""Pure logic of multi-turn KV-cache reuse (no vLLM import).
+
+* :func:`reuse_template_applies` — is the served model a Qwen3 hybrid-thinking model, whose official template
+  breaks prefix reuse, so that the launcher should serve the package's ``qwen3-reuse`` template?
+* :func:`launcher_flags` — the vLLM flags the launcher adds for reuse mode.
+* :class:`ReuseTracker` — a bounded LRU (per API-server process) of the previous turn's prompt + completion
+  tokens per conversation; ``reuse ratio = cached tokens of this turn / (previous turn's prompt + completion)``.
+* :func:`conversation_id` — the conversation a request belongs to (``x-conversation-id`` header, else the
+  OpenAI ``user`` field).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import threading
+
+CONVERSATION_HEADER = b"x-conversation-id"
+VALID_CONVERSATION_ID = re.compile(r"^[A-Za-z0-9._:@~/+=-]{1,128}$")
+MAX_USER_ID_CHARS = 256
+REUSE_TEMPLATE = "qwen3-reuse"
+DEFAULT_TEMPLATE_KWARGS = {"preserve_thinking": True}
+
+QWEN3_MODEL_TYPES = ("qwen3", "qwen3_moe")
+# Hugging Face ids of the original Qwen3 hybrid-thinking checkpoints (Qwen3-8B, Qwen3-30B-A3B-FP8, ...).
+# The 2507 Instruct/Thinking, Coder, VL, Base, Next and Qwen3.5+ releases have other templates.
+_QWEN3_ID = re.compile(r"(?i)(?:^|/)qwen3-\d+(?:\.\d+)?b(?:-a\d+(?:\.\d+)?b)?(?:-(?:fp8|awq|gptq[\w-]*|int[48][\w-]*))?$")
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _model_template(model_dir: str) -> str:
+    """The chat template a model directory ships (``chat_template.jinja`` wins, as in transformers)."""
+    try:
+        with open(os.path.join(model_dir, "chat_template.jinja"), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        pass
+    template = _read_json(os.path.join(model_dir, "tokenizer_config.json")).get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
+    return template if isinstance(template, str) else ""
+
+
+def is_hybrid_qwen3_template(template: str) -> bool:
+    """The official Qwen3 hybrid-thinking template: reads ``enable_thinking`` and writes ``<think>`` blocks."""
+    return "enable_thinking" in template and "<think>" in template and "reasoning_content" in template \
+        and "<|im_start|>" in template
+
+
+def reuse_template_applies(model: str) -> tuple[bool, str]:
+    """(applies, reason). ``model``: a local model directory or a Hugging Face id."""
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        model_type = _read_json(os.path.join(path, "config.json")).get("model_type")
+        if model_type not in QWEN3_MODEL_TYPES:
+            return False, f"model_type {model_type!r} is not Qwen3 ({', '.join(QWEN3_MODEL_TYPES)})"
+        if not is_hybrid_qwen3_template(_model_template(path)):
+            return False, "the model's own chat template is not the Qwen3 hybrid-thinking template"
+        return True, f"Qwen3 model ({model_type}) with the official hybrid-thinking template"
+    if _QWEN3_ID.search(model):
+        return True, "Hugging Face id of a Qwen3 hybrid-thinking checkpoint"
+    return False, "not a Qwen3 hybrid-thinking model"
+
+
+def launcher_flags(enabled: bool, model: str, given: set[str], template_path: str) -> tuple[list[str], str]:
+    """vLLM flags for reuse mode and a one-line note for the operator.
+
+    ``given``: destinations of the vLLM flags the user passed (a user ``--chat-template`` always wins).
+    """
+    if not enabled:
+        return [], "off (kv_reuse_template=false): the model's own chat template"
+    if "chat_template" in given:
+        return [], "off: --chat-template given"
+    applies, reason = reuse_template_applies(model)
+    if not applies:
+        return [], f"off: {reason}"
+    flags = ["--chat-template", template_path]
+    if "default_chat_template_kwargs" not in given:
+        flags += ["--default-chat-template-kwargs", json.dumps(DEFAULT_TEMPLATE_KWARGS)]
+    return flags, f"on: {REUSE_TEMPLATE} template ({reason})"
+
+
+def served_template(args) -> str | None:
+    """Calculator template name for a parsed vLLM namespace: ``qwen3-reuse`` when the package's template is
+    served and the server's default kwargs do not switch ``preserve_thinking`` off, ``qwen3`` when they do
+    (then it renders as the official template); ``None``: not ours (the calculator picks from the tokenizer)."""
+    from qwen_v3_calculator.chat import template_path
+
+    chat_template = getattr(args, "chat_template", None)
+    if not chat_template or os.path.abspath(os.path.expanduser(str(chat_template))) != template_path(REUSE_TEMPLATE):
+        return None
+    defaults = getattr(args, "default_chat_template_kwargs", None) or {}
+    if "preserve_thinking" in defaults and not defaults["preserve_thinking"]:
+        return "qwen3"
+    return REUSE_TEMPLATE
+
+
+def conversation_id(headers, body: dict) -> str | None:
+    """``x-conversation-id`` header (validated by :func:`check_conversation_header` first), else the ``user``
+    field of the body (a non-empty string of at most 256 characters)."""
+    for k, v in headers or ():
+        if k.lower() == CONVERSATION_HEADER:
+            value = v.decode("latin-1").strip()
+            if VALID_CONVERSATION_ID.match(value):
+                return value
+    user = body.get("user") if isinstance(body, dict) else None
+    if isinstance(user, str) and 0 < len(user) <= MAX_USER_ID_CHARS:
+        return user
+    return None
+
+
+def check_conversation_header(headers) -> str | None:
+    """An error message when an ``x-conversation-id`` header is present but malformed, else ``None``."""
+    for k, v in headers or ():
+        if k.lower() == CONVERSATION_HEADER:
+            value = v.decode("latin-1").strip()
+            if not VALID_CONVERSATION_ID.match(value):
+                return ("x-conversation-id must be 1-128 characters from A-Z a-z 0-9 . _ : @ ~ / + = - "
+                        f"(got {len(value)} characters)")
+    return None
+
+
+class ReuseTracker:
+    """Bounded LRU: conversation id -> tokens of its previous turn (prompt + completion). Thread-safe."""
+
+    def __init__(self, capacity: int = 10000):
+        if capacity < 1:
+            raise ValueError("ReuseTracker capacity must be >= 1")
+        self.capacity = capacity
+        self._prev: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def observe(self, conversation: str | None, prompt_tokens: int, cached_tokens: int,
+                completion_tokens: int) -> float | None:
+        """Record a finished turn; returns its reuse ratio (``None`` for a conversation's first turn seen here,
+        or without a conversation id)."""
+        if not conversation:
+            return None
+        with self._lock:
+            prev = self._prev.pop(conversation, None)
+            self._prev[conversation] = prompt_tokens + completion_tokens
+            while len(self._prev) > self.capacity:
+                self._prev.popitem(last=False)
+        if not prev:
+            return None
+        return cached_tokens / prev
+
+    def __len__(self) -> int:
+        return len(self._prev)
+
+
+TRACKER = ReuseTracker()
+
+
+def configure(capacity: int) -> ReuseTracker:
+    """Resize this process's tracker (the API server calls it once at startup)."""
+    global TRACKER
+    if capacity != TRACKER.capacity:
+        TRACKER = ReuseTracker(capacity)
+    return TRACKER
+
+
+def tracker() -> ReuseTracker:
+    return TRACKER

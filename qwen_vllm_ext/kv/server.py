@@ -1,0 +1,124 @@
+"""vLLM glue of the KV-reuse capability (API-server process): the only module here that touches vLLM.
+
+* :class:`KvMiddleware` (pure ASGI, inside the usage ledger so its rejections are recorded): rejects a malformed
+  ``x-conversation-id`` with an OpenAI-shaped 400, and — with ``idle_sleep_s > 0`` — holds each engine request
+  in the :class:`~.sleep.IdleSleeper` (a request arriving while the engine sleeps waits for the wake).
+* :func:`init_state`: binds the sleeper to vLLM's ``engine_client.sleep(level=1, mode="wait")`` /
+  ``wake_up()`` and starts its timer. Sleep mode needs ``--enable-sleep-mode`` (the launcher adds it) and a
+  platform with ``is_sleep_mode_available()`` (CUDA/ROCm/XPU; the launcher refuses the setting elsewhere).
+* Metrics: ``qwen_ext_engine_sleeps_total``, ``qwen_ext_engine_wakes_total``, ``qwen_ext_engine_wake_seconds``,
+  ``qwen_ext_engine_asleep``; the reuse-ratio histogram is in :mod:`qwen_vllm_ext.usage.metrics`.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+
+from ..errors import error_body
+from . import reuse
+from .sleep import ASLEEP, IdleSleeper
+
+logger = logging.getLogger("qwen_vllm_ext.kv")
+
+_SLEEPER: IdleSleeper | None = None
+_TASK: asyncio.Task | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def sleep_metrics():
+    from prometheus_client import Counter, Gauge, Histogram
+
+    return {
+        "sleeps": Counter("qwen_ext_engine_sleeps", "Times the idle engine was put to sleep"),
+        "wakes": Counter("qwen_ext_engine_wakes", "Times a request woke the sleeping engine"),
+        "wake_s": Histogram("qwen_ext_engine_wake_seconds", "Time to wake the engine (requests wait for it)",
+                            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80)),
+        "asleep": Gauge("qwen_ext_engine_asleep", "1 while the engine sleeps", multiprocess_mode="max"),
+    }
+
+
+def _on_event(name: str, seconds: float) -> None:
+    m = sleep_metrics()
+    if name == "sleep":
+        m["sleeps"].inc()
+        m["asleep"].set(1)
+        logger.info("qwen-vllm-ext: engine idle, put to sleep in %.2fs", seconds)
+    else:
+        m["wakes"].inc()
+        m["wake_s"].observe(seconds)
+        m["asleep"].set(0)
+        logger.info("qwen-vllm-ext: engine woken in %.2fs", seconds)
+
+
+def _is_engine_request(scope) -> bool:
+    return scope.get("method") == "POST" and str(scope.get("path", "")).startswith(("/v1/", "/inference/"))
+
+
+async def _send_json(send, status: int, body: dict) -> None:
+    payload = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class KvMiddleware:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not _is_engine_request(scope):
+            return await self.app(scope, receive, send)
+        problem = reuse.check_conversation_header(scope.get("headers"))
+        if problem is not None:
+            return await _send_json(send, 400, error_body(problem, "invalid_conversation_id",
+                                                          param="x-conversation-id"))
+        sleeper = _SLEEPER
+        if sleeper is None:
+            return await self.app(scope, receive, send)
+        try:
+            await sleeper.enter()
+        except Exception as exc:  # noqa: BLE001 - the wake failed; the next request tries again
+            logger.error("qwen-vllm-ext: waking the engine failed: %s", exc)
+            return await _send_json(send, 503, error_body(
+                f"the engine was asleep (idle_sleep_s) and failed to wake: {exc}; retry shortly",
+                "service_unavailable", "server_error"))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            sleeper.leave()
+
+
+def attach(app, settings) -> None:
+    """Add the middleware and size this process's reuse tracker (called by the endpoint plugin)."""
+    reuse.configure(settings.kv_reuse_tracker_size)
+    app.add_middleware(KvMiddleware)
+
+
+async def init_state(engine_client, state, settings) -> None:
+    """Start the idle-sleep timer on this API server when ``idle_sleep_s > 0`` (the launcher has checked the
+    platform supports sleep mode and added ``--enable-sleep-mode``)."""
+    global _SLEEPER, _TASK
+    if settings.idle_sleep_s <= 0 or engine_client is None:
+        return
+
+    async def sleep():
+        await engine_client.sleep(level=1, mode="wait")
+
+    async def wake():
+        await engine_client.wake_up()
+
+    _SLEEPER = IdleSleeper(settings.idle_sleep_s, sleep, wake, on_event=_on_event)
+    if await engine_client.is_sleeping():
+        _SLEEPER.state = ASLEEP
+    sleep_metrics()["asleep"].set(1 if _SLEEPER.state == ASLEEP else 0)
+    _TASK = asyncio.get_running_loop().create_task(
+        _SLEEPER.run(poll_s=1.0, on_error=lambda e: logger.error("qwen-vllm-ext: putting the engine to sleep "
+                                                                  "failed: %s", e)))
+    state.qwen_idle_sleeper = _SLEEPER
+    logger.info("qwen-vllm-ext: idle sleep after %.0fs without requests", settings.idle_sleep_s)
+
+
+def sleeper_status() -> dict | None:
+    return None if _SLEEPER is None else _SLEEPER.status()

@@ -1,0 +1,300 @@
+"""KV-cache reuse, pure parts: template selection, launcher flags, conversation ids, the reuse-ratio LRU, the
+ledger's new columns (backward-compatible SQLite migration) and the idle-sleep timer/wake logic."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import types
+
+import pytest
+
+from qwen_v3_calculator.chat import template_path
+from qwen_vllm_ext.kv import reuse
+from qwen_vllm_ext.kv.sleep import ASLEEP, AWAKE, FALLING_ASLEEP, IdleSleeper
+from qwen_vllm_ext.usage.ledger import LedgerRecord, SqliteLedgerStore
+
+
+# ------------------------------------------------------------------------------------------- template choice
+def _model_dir(tmp_path, model_type, template):
+    d = tmp_path / f"m-{model_type}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return str(d)
+
+
+def test_reuse_template_applies_to_qwen3_hybrid_models_only(tmp_path):
+    from qwen_vllm_ext import assets
+
+    qwen3 = assets.chat_template("qwen3")
+    assert reuse.reuse_template_applies(_model_dir(tmp_path, "qwen3", qwen3))[0]
+    assert not reuse.reuse_template_applies(_model_dir(tmp_path, "qwen2", assets.chat_template("qwen2.5")))[0]
+    # Qwen3 architecture but another template (e.g. the 2507 Instruct releases: no thinking switch)
+    ok, why = reuse.reuse_template_applies(_model_dir(tmp_path, "qwen3_moe", "{{ messages }}"))
+    assert not ok and "not the Qwen3 hybrid-thinking template" in why
+    for hf_id in ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B-FP8",
+                  "Qwen3-14B-AWQ"):
+        assert reuse.reuse_template_applies(hf_id)[0], hf_id
+    for hf_id in ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-4B-Thinking-2507", "Qwen/Qwen3-8B-Base",
+                  "Qwen/Qwen3.5-4B", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+                  "meta-llama/Llama-3.1-8B"):
+        assert not reuse.reuse_template_applies(hf_id)[0], hf_id
+
+
+def test_demo_model_gets_the_reuse_template():
+    from qwen_vllm_ext.demo import ensure_demo_model
+
+    assert reuse.reuse_template_applies(str(ensure_demo_model()))[0]
+
+
+def test_launcher_flags():
+    path = template_path()
+    flags, note = reuse.launcher_flags(True, "Qwen/Qwen3-8B", set(), path)
+    assert flags == ["--chat-template", path, "--default-chat-template-kwargs", '{"preserve_thinking": true}']
+    assert note.startswith("on:")
+    assert reuse.launcher_flags(False, "Qwen/Qwen3-8B", set(), path)[0] == []          # stock: one setting away
+    assert reuse.launcher_flags(True, "Qwen/Qwen3-8B", {"chat_template"}, path)[0] == []  # the user's wins
+    assert reuse.launcher_flags(True, "Qwen/Qwen3-8B", {"default_chat_template_kwargs"}, path)[0] == [
+        "--chat-template", path]
+    assert reuse.launcher_flags(True, "Qwen/Qwen2.5-7B-Instruct", set(), path)[0] == []
+
+
+def test_served_template_for_the_calculator():
+    ns = types.SimpleNamespace
+    assert reuse.served_template(ns(chat_template=template_path(), default_chat_template_kwargs=None)) == "qwen3-reuse"
+    assert reuse.served_template(ns(chat_template=template_path(),
+                                    default_chat_template_kwargs={"preserve_thinking": False})) == "qwen3"
+    assert reuse.served_template(ns(chat_template=None, default_chat_template_kwargs=None)) is None
+    assert reuse.served_template(ns(chat_template="/other.jinja", default_chat_template_kwargs=None)) is None
+
+
+# ------------------------------------------------------------------------------------------- conversation ids
+def test_conversation_id_from_header_or_user_field():
+    h = [(b"X-Conversation-Id", b"conv-1")]
+    assert reuse.conversation_id(h, {"user": "u"}) == "conv-1"
+    assert reuse.conversation_id([], {"user": "alice"}) == "alice"
+    assert reuse.conversation_id([], {"user": ""}) is None
+    assert reuse.conversation_id([], {"user": "x" * 257}) is None
+    assert reuse.conversation_id([], {"user": 7}) is None
+    assert reuse.conversation_id([], {}) is None
+    assert reuse.check_conversation_header(h) is None
+    assert "x-conversation-id must be" in reuse.check_conversation_header([(b"x-conversation-id", b"bad id!")])
+    assert reuse.check_conversation_header([(b"x-conversation-id", b"a" * 129)]) is not None
+
+
+def test_reuse_tracker_ratio_and_lru_bound():
+    t = reuse.ReuseTracker(capacity=2)
+    assert t.observe("a", prompt_tokens=100, cached_tokens=0, completion_tokens=28) is None  # first turn
+    assert t.observe("a", prompt_tokens=160, cached_tokens=128, completion_tokens=10) == 1.0   # 128 / (100 + 28)
+    assert t.observe("a", prompt_tokens=200, cached_tokens=85, completion_tokens=0) == 0.5     # 85 / 170
+    assert t.observe(None, 10, 5, 1) is None and len(t) == 1
+    t.observe("b", 10, 0, 0)
+    t.observe("c", 10, 0, 0)  # evicts "a" (least recently used)
+    assert len(t) == 2 and t.observe("a", 300, 200, 0) is None
+    with pytest.raises(ValueError):
+        reuse.ReuseTracker(0)
+    assert reuse.configure(5).capacity == 5 and reuse.tracker().capacity == 5
+    reuse.configure(10000)
+
+
+# ------------------------------------------------------------------------------------------- ledger columns
+_OLD_SCHEMA = """
+CREATE TABLE requests (
+    request_id TEXT PRIMARY KEY, instance_id TEXT NOT NULL, model TEXT NOT NULL, endpoint TEXT NOT NULL,
+    status TEXT NOT NULL, http_status INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, reasoning_tokens INTEGER NOT NULL,
+    engine_prompt_tokens INTEGER NOT NULL, billed_prompt_micro INTEGER NOT NULL,
+    billed_completion_micro INTEGER NOT NULL, received_at REAL NOT NULL, finished_at REAL NOT NULL,
+    ttft_s REAL, latency_s REAL NOT NULL, streamed INTEGER NOT NULL, api_key_id TEXT);
+"""
+
+
+def _record(rid, **kw):
+    base = dict(request_id=rid, instance_id="i", model="m", endpoint="/v1/chat/completions", status="stop",
+                http_status=200, prompt_tokens=10, cached_tokens=0, completion_tokens=5, reasoning_tokens=0,
+                engine_prompt_tokens=10, billed_prompt_micro=10, billed_completion_micro=5, received_at=1.0,
+                finished_at=2.0, ttft_s=0.1, latency_s=1.0, streamed=False)
+    return LedgerRecord(**{**base, **kw})
+
+
+def test_ledger_migrates_an_old_file_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(_OLD_SCHEMA)
+    db.execute("INSERT INTO requests VALUES ('old', 'i', 'm', '/v1/chat/completions', 'stop', 200, 10, 0, 5, 0, 10,"
+               " 10, 5, 1.0, 2.0, 0.1, 1.0, 0, NULL)")
+    db.commit()
+    db.close()
+    store = SqliteLedgerStore(str(path))
+    old = store.get("old")
+    assert old.conversation_id is None and old.reuse_ratio is None and old.prompt_tokens == 10
+    assert store.write_batch([_record("new", conversation_id="conv-1", reuse_ratio=0.96875)]) == 1
+    new = store.get("new")
+    assert (new.conversation_id, new.reuse_ratio) == ("conv-1", 0.96875)
+    store.close()
+    # opening again (migration already done) changes nothing
+    again = SqliteLedgerStore(str(path))
+    assert [r.request_id for r in again.records()] == ["new", "old"] or len(again.records()) == 2
+    again.close()
+
+
+def test_ledger_record_validates_new_fields():
+    for bad in (-0.1, float("nan"), "0.5", True):
+        with pytest.raises(ValueError, match="reuse_ratio"):
+            _record("x", reuse_ratio=bad)
+    with pytest.raises(ValueError, match="conversation_id"):
+        _record("x", conversation_id=5)
+    assert LedgerRecord.from_dict({k: v for k, v in _record("x").to_dict().items()
+                                   if k not in ("conversation_id", "reuse_ratio")}).reuse_ratio is None
+
+
+# ------------------------------------------------------------------------------------------- idle sleep
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+class Engine:
+    """Stand-in for the engine's sleep/wake calls (pure logic under test; the real ones are vLLM's)."""
+
+    def __init__(self, clock, wake_s=2.0, sleep_s=0.5):
+        self.clock, self.wake_s, self.sleep_s = clock, wake_s, sleep_s
+        self.sleeping, self.calls, self.fail_wakes = False, [], 0
+        self.gate = None  # an asyncio.Event that holds sleep() until set
+
+    async def sleep(self):
+        self.calls.append("sleep")
+        if self.gate is not None:
+            await self.gate.wait()
+        self.clock.t += self.sleep_s
+        self.sleeping = True
+
+    async def wake(self):
+        self.calls.append("wake")
+        await asyncio.sleep(0)  # let other requests pile up behind the wake
+        if self.fail_wakes:
+            self.fail_wakes -= 1
+            raise RuntimeError("cuda error")
+        self.clock.t += self.wake_s
+        self.sleeping = False
+
+
+def _sleeper(idle_s=300.0, **kw):
+    clock = Clock()
+    engine = Engine(clock, **kw)
+    events = []
+    s = IdleSleeper(idle_s, engine.sleep, engine.wake, clock=clock, on_event=lambda n, sec: events.append((n, sec)))
+    return s, engine, clock, events
+
+
+def test_sleeps_only_after_the_idle_period_without_requests_in_flight():
+    async def go():
+        s, engine, clock, events = _sleeper()
+        clock.t += 299
+        assert not await s.tick() and s.state == AWAKE
+        await s.enter()                    # a long request: in flight past the idle period
+        clock.t += 1000
+        assert not await s.tick() and engine.calls == []
+        s.leave()                          # idle counts from the end of the last request
+        clock.t += 299.9
+        assert not await s.tick()
+        clock.t += 0.1
+        assert await s.tick() and s.state == ASLEEP and engine.sleeping
+        assert not await s.tick() and engine.calls == ["sleep"]  # asleep: nothing more to do
+        assert events == [("sleep", 0.5)] and s.sleeps == 1
+
+    asyncio.run(go())
+
+
+def test_requests_arriving_while_asleep_wait_for_one_wake():
+    async def go():
+        s, engine, clock, events = _sleeper(idle_s=10)
+        clock.t += 10
+        await s.tick()
+        woke = await asyncio.gather(*(s.enter() for _ in range(5)))
+        assert woke == [None] * 5                     # none failed
+        assert engine.calls == ["sleep", "wake"]      # ONE wake for five waiting requests
+        assert s.state == AWAKE and not engine.sleeping and s.in_flight == 5
+        assert events[-1] == ("wake", 2.0) and s.wakes == 1
+        for _ in range(5):
+            s.leave()
+        assert s.in_flight == 0
+
+    asyncio.run(go())
+
+
+def test_a_request_during_falling_asleep_waits_then_wakes_the_engine():
+    async def go():
+        s, engine, clock, _ = _sleeper(idle_s=10)
+        engine.gate = asyncio.Event()
+        clock.t += 10
+        ticking = asyncio.create_task(s.tick())
+        await asyncio.sleep(0)
+        assert s.state == FALLING_ASLEEP
+        entering = asyncio.create_task(s.enter())
+        await asyncio.sleep(0)
+        assert not entering.done()                    # held until the sleep call returns
+        engine.gate.set()
+        assert await ticking is True
+        await entering
+        assert engine.calls == ["sleep", "wake"] and s.state == AWAKE and s.in_flight == 1
+        s.leave()
+
+    asyncio.run(go())
+
+
+def test_a_failed_wake_fails_those_requests_and_the_next_one_retries():
+    async def go():
+        s, engine, clock, _ = _sleeper(idle_s=10)
+        clock.t += 10
+        await s.tick()
+        engine.fail_wakes = 1
+        with pytest.raises(RuntimeError, match="cuda error"):
+            await s.enter()
+        assert s.state == ASLEEP and s.in_flight == 0     # not counted as in flight
+        await s.enter()
+        assert s.state == AWAKE and engine.calls == ["sleep", "wake", "wake"]
+        s.leave()
+
+    asyncio.run(go())
+
+
+def test_sleep_failure_keeps_the_engine_awake_and_the_loop_running():
+    async def go():
+        s, engine, clock, _ = _sleeper(idle_s=0.01)
+
+        async def broken():
+            raise RuntimeError("sleep mode not enabled")
+
+        s._sleep = broken
+        errors = []
+        task = asyncio.create_task(s.run(poll_s=0.001, on_error=errors.append))
+        clock.t += 1
+        await asyncio.sleep(0.05)
+        task.cancel()
+        assert errors and s.state == AWAKE and s.sleeps == 0
+
+    asyncio.run(go())
+    with pytest.raises(ValueError):
+        IdleSleeper(0, None, None)
+
+
+def test_sleep_never_happens_with_a_request_waiting_to_start():
+    """The in-flight count rises before the wake is awaited, so a tick racing a waking request cannot sleep."""
+    async def go():
+        s, engine, clock, _ = _sleeper(idle_s=10)
+        clock.t += 10
+        await s.tick()
+        entering = asyncio.create_task(s.enter())
+        await asyncio.sleep(0)
+        clock.t += 100
+        assert not await s.tick()
+        await entering
+        assert not await s.tick() and engine.calls == ["sleep", "wake"]
+        s.leave()
+
+    asyncio.run(go())
