@@ -43,6 +43,8 @@ class RequestRecord:
     request_id: str | None = None
     chunk_usages: list = dataclasses.field(default_factory=list)  # (prompt, completion, total) of choice chunks
     chunks_without_usage: int = 0
+    chunk_tokens: list = dataclasses.field(default_factory=list)  # token ids carried by each choice chunk
+    token_ids_counted: bool = False  # True: streamed_tokens / chunk_tokens are token ids, not chunk counts
     final_usage: dict | None = None
     streamed_tokens: int = 0  # token ids (or token-carrying chunks) received
     cached_tokens: int | None = None
@@ -87,6 +89,7 @@ class RequestRecord:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("token_times")
+        d.pop("chunk_tokens")
         d["chunk_usages"] = len(self.chunk_usages)
         d.update(ttft_s=self.ttft, e2e_s=self.e2e, tpot_s=self.tpot)
         return d
@@ -203,11 +206,15 @@ def accounting_findings(r: RequestRecord, ledger_record: dict | None = None, che
         if r.chunks_without_usage:
             bad("chunk_usage_missing", 0, r.chunks_without_usage, "choice chunks without usage")
         prev = None
+        exact = r.token_ids_counted and len(r.chunk_tokens) == len(r.chunk_usages)
         for i, (cp, cc, ct) in enumerate(r.chunk_usages):
             if cp + cc != ct:
                 bad("chunk_usage_total", cp + cc, ct, f"chunk {i}")
             if prev is not None and (cp != prev[0] or cc < prev[1] or ct < prev[2]):
                 bad("chunk_usage_not_monotonic", prev, (cp, cc, ct), f"chunk {i}")
+            elif exact and cc - (prev[1] if prev else 0) != r.chunk_tokens[i]:
+                bad("chunk_usage_delta", r.chunk_tokens[i], cc - (prev[1] if prev else 0),
+                    f"chunk {i}: token ids received vs increase of completion_tokens")
             prev = (cp, cc, ct)
         if prev is not None and prev != (p, c, t):
             bad("last_chunk_usage", (p, c, t), prev, "last choice chunk vs final usage")

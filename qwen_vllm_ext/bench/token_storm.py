@@ -195,15 +195,16 @@ class Storm:
                     continue
                 if not chunk.choices:
                     continue
+                ids = chunk.token_ids()
+                piece = chunk.text
+                n = len(ids) if ids is not None else (1 if (piece or chunk.reasoning()) else 0)
                 if chunk.usage is not None:
                     u = chunk.usage
                     rec.chunk_usages.append((int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
                                              int(u.get("total_tokens") or 0)))
+                    rec.chunk_tokens.append(n)
                 else:
                     rec.chunks_without_usage += 1
-                ids = chunk.token_ids()
-                piece = chunk.text
-                n = len(ids) if ids is not None else (1 if (piece or chunk.reasoning()) else 0)
                 if n:
                     rec.streamed_tokens += n
                     rec.token_times.append(t)
@@ -217,6 +218,7 @@ class Storm:
                 rec.final_usage = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": tot}
             details = (rec.final_usage or {}).get("prompt_tokens_details") or {}
             rec.cached_tokens = details.get("cached_tokens")
+            rec.token_ids_counted = a.token_ids
             rec.status = "ok"
             return "".join(text)
         except APIError as exc:

@@ -119,8 +119,9 @@ def arrival_times(spec: ArrivalSpec, n: int, duration_s: float, rng: random.Rand
     t = 0.0
     peak = spec.rate * (spec.burst_factor if burst else 1.0)
     while len(times) < n:
-        if spec.process == "constant":
-            t += 1.0 / rate_at(spec, t, burst)
+        if spec.process == "constant":  # the first request at 0, then one every 1/rate seconds
+            if times:
+                t += 1.0 / rate_at(spec, t, burst)
         elif spec.process == "gamma":
             r = rate_at(spec, t, burst)
             t += rng.gammavariate(spec.gamma_shape, 1.0 / (spec.gamma_shape * r))
@@ -128,7 +129,7 @@ def arrival_times(spec: ArrivalSpec, n: int, duration_s: float, rng: random.Rand
             t += rng.expovariate(peak)
             if rng.random() > rate_at(spec, t, burst) / peak:
                 continue
-        if t >= duration_s:
+        if t >= duration_s - 1e-9:
             break
         times.append(t)
     return times

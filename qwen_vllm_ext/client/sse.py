@@ -16,7 +16,7 @@ import json
 import time
 from typing import Any
 
-from .errors import IncompleteStreamError, SSEProtocolError, error_from_body
+from .errors import ClientError, IncompleteStreamError, SSEProtocolError, error_from_body
 
 DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
 
@@ -209,14 +209,24 @@ class StreamDecoder:
         self.require_done = require_done
         self.done = False
         self.events = 0
+        self._error: BaseException | None = None  # raised after the chunks that came before it
 
     def feed(self, data: bytes, now: float | None = None) -> list[StreamChunk]:
+        """Chunks completed by ``data``. An error (event or malformed data) is raised once the chunks received
+        before it have been returned: at the next ``feed`` or at ``close``."""
+        if self._error is not None:
+            raise self._error
         now = time.perf_counter() if now is None else now
         out = []
-        for ev in self.parser.feed(data):
-            chunk = self.decode(ev, now)
-            if chunk is not None:
-                out.append(chunk)
+        try:
+            for ev in self.parser.feed(data):
+                chunk = self.decode(ev, now)
+                if chunk is not None:
+                    out.append(chunk)
+        except ClientError as exc:
+            if not out:
+                raise
+            self._error = exc
         return out
 
     def decode(self, ev: SSEEvent, now: float) -> StreamChunk | None:
@@ -242,6 +252,8 @@ class StreamDecoder:
         return StreamChunk(body, now)
 
     def close(self) -> None:
+        if self._error is not None:
+            raise self._error
         self.parser.close()
         if self.require_done and not self.done:
             raise IncompleteStreamError("the stream ended without 'data: [DONE]' (the server or the connection "
