@@ -48,6 +48,9 @@ class Settings:
     """Directory for the extension's durable state (usage ledger, keys)."""
     allow_unsupported_vllm: bool = False
     """Apply runtime patches even on a vLLM version they were not written for (at your own risk)."""
+    strict_patches: bool = False
+    """Fail startup when a runtime patch's vLLM targets do not match their fingerprints (default: disable that
+    patch with one log line, shown on the health route)."""
 
     # ---- usage ---------------------------------------------------------------------------------
     per_chunk_usage: bool = True

@@ -14,6 +14,7 @@ import logging
 from . import __version__, counting, status
 from ._vllm import require_vllm, unsupported_message, version_supported
 from .config import Settings
+from .patches.fingerprints import RuntimePatch, check_patch
 
 logger = logging.getLogger("qwen_vllm_ext")
 
@@ -21,15 +22,24 @@ PLUGIN_NAME = "qwen_vllm_ext"
 HEALTH_PATH = "/qwen_ext/health"
 
 
-def runtime_patches() -> list:
-    """Runtime patches: (name, apply(settings) -> bool active, process roles where they apply).
+def runtime_patches() -> list[RuntimePatch]:
+    """Runtime patches: name, apply(settings) -> bool active, process roles where they apply, the vLLM
+    functions they replace or wrap with their fingerprint per vLLM version (the compatibility guard), and the
+    setting that turns them on.
 
-    Each capability's glue module contributes its entries; an apply must be idempotent.
+    Each capability's glue module contributes its entries and declares its targets; an apply must be idempotent.
     """
     from .scheduling import vllm_scheduler
     from .usage.server import runtime_patches as usage_patches
 
-    return [*usage_patches(), ("token_weighted_scheduler", vllm_scheduler.install, {"engine_core", "api_server"})]
+    return [*usage_patches(),
+            RuntimePatch("token_weighted_scheduler", vllm_scheduler.install, {"engine_core", "api_server"},
+                         vllm_scheduler.PATCH_TARGETS, "token_weighted_scheduler")]
+
+
+class PatchGuardError(RuntimeError):
+    """strict_patches=true and a runtime patch does not match the installed vLLM: startup fails."""
+
 
 _state: dict | None = None
 
@@ -45,8 +55,14 @@ def patch_decision(settings: Settings, vllm_version: str) -> tuple[bool, str]:
     return False, unsupported_message(vllm_version)
 
 
-def register_general() -> dict:
-    """Entry point of ``vllm.general_plugins``. Idempotent: vLLM may call it more than once per process."""
+def register_general(runtime: bool = True) -> dict:
+    """Entry point of ``vllm.general_plugins``. Idempotent: vLLM may call it more than once per process.
+
+    Each wanted runtime patch first passes the compatibility guard: a target whose fingerprint does not match
+    the installed vLLM disables that patch with one log line (recorded for the health route), or fails startup
+    with ``strict_patches=true``. Capabilities that vLLM's source already carries (``patches/``) are reported,
+    not patched again. ``runtime=False`` (a source-patched vLLM without the plugin) only records the state.
+    """
     global _state
     if _state is not None:
         return _state
@@ -55,18 +71,31 @@ def register_general() -> dict:
     allowed, reason = patch_decision(settings, vllm_version)
     if not allowed:
         (logger.info if not settings.enabled else logger.warning)("qwen-vllm-ext: %s", reason)
-    applied = []
+    applied, source, disabled = [], [], {}
     if allowed:
         role = status.process_role()
-        for name, apply, roles in runtime_patches():
-            if role in roles and apply(settings):
-                applied.append(name)
+        for patch in runtime_patches():
+            if role not in patch.roles or not getattr(settings, patch.setting):
+                continue
+            verdict = check_patch(patch.name, patch.targets, vllm_version)
+            if verdict.status == "source":
+                source.append(patch.name)
+            elif verdict.status == "mismatch":
+                if settings.strict_patches:
+                    raise PatchGuardError(f"qwen-vllm-ext: {verdict.message} (strict_patches=true: refusing to start)")
+                logger.error("qwen-vllm-ext: %s", verdict.message)
+                disabled[patch.name] = verdict.message
+            elif runtime and patch.apply(settings):
+                applied.append(patch.name)
     _state = {
         "extension_version": __version__,
         "vllm_version": vllm_version,
         "patching": allowed,
         "patching_reason": reason,
-        "patches": applied,
+        "patch_mode": "plugin" if runtime else "source",
+        "patches": applied + source,
+        "source_patches": source,
+        "disabled_patches": disabled,
     }
     status.record_process(_state)
     return _state
@@ -88,6 +117,7 @@ class EndpointPlugin:
             return health_report()
 
         app.include_router(router)
+        app.state.qwen_vllm_ext_attached = True  # a source-patched vLLM's build_app hook then adds nothing
         counting.attach(app)
         _register_collectors()
         settings = Settings.current()
@@ -151,6 +181,9 @@ def health_report() -> dict:
         "patching": local["patching"],
         "patching_reason": local["patching_reason"],
         "features": {"patches": local["patches"]},
+        "patch_mode": local["patch_mode"],
+        "source_patches": local["source_patches"],
+        "disabled_patches": local["disabled_patches"],
         "instance_id": instance_id(),
         "plugin_loaded_in": roles,
         "scheduler": scheduler_status(),

@@ -405,6 +405,14 @@ def pick_scheduler_cls(vllm_config: Any) -> type[TokenWeightedScheduler]:
 
 # ---- monkeypatch mode and stats publishing -----------------------------------------------------------
 _MARK = "_qwen_vllm_ext_token_weighted"
+
+# Compatibility guard (qwen_vllm_ext.patches.fingerprints): what install() and the classes above replace or
+# wrap -> fingerprint per vLLM version.
+PATCH_TARGETS = {
+    "vllm.config.scheduler:SchedulerConfig.get_scheduler_cls": {"0.32.0": "bd54dad32b43bf04", "0.33.0": "bd54dad32b43bf04"},
+    "vllm.v1.core.sched.scheduler:Scheduler.schedule": {"0.32.0": "0afd4b561401cafb", "0.33.0": "8976aeb2f6ca1604"},
+    "vllm.v1.core.sched.request_queue:RequestQueue": {"0.32.0": "c69f67068c484470", "0.33.0": "c69f67068c484470"},
+}
 PUBLISH_EVERY_S = 1.0
 
 

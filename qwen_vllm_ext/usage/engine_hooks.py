@@ -22,6 +22,14 @@ from .accounting import BOOK, CURRENT_HTTP_REQUEST, EngineCounts
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "repetition": "stop"}
 _MARK = "_qwen_vllm_ext_usage_hooked"
+
+# Compatibility guard (qwen_vllm_ext.patches.fingerprints): what install() wraps -> fingerprint per vLLM version.
+# Regenerate with `python -m qwen_vllm_ext.patches fingerprints` after checking the code against a new vLLM.
+PATCH_TARGETS = {
+    "vllm.v1.engine.output_processor:OutputProcessor.add_request": {"0.32.0": "9a8370d9c58bce88", "0.33.0": "9a8370d9c58bce88"},
+    "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished": {"0.32.0": "4604a21811e57a9f", "0.33.0": "4604a21811e57a9f"},
+    "vllm.v1.engine.output_processor:OutputProcessor.abort_requests": {"0.32.0": "e674d9f6eee38e68", "0.33.0": "e674d9f6eee38e68"},
+}
 _OWNER: dict[str, str] = {}  # vLLM internal request id -> HTTP request key
 
 

@@ -10,15 +10,18 @@ logger = logging.getLogger("qwen_vllm_ext.usage")
 
 
 def runtime_patches():
-    """(name, apply(settings) -> bool, process roles) for the general plugin.
+    """Runtime patches of the usage capability for the general plugin (with their guarded vLLM targets).
 
     Both patch the OpenAI front end (the output processor and the serving classes live in API-server processes).
     """
+    from ..patches.fingerprints import RuntimePatch
     from . import engine_hooks, stream_usage
 
     return [
-        ("usage_accounting", lambda s: s.ledger and engine_hooks.install(s), {"api_server"}),
-        ("per_chunk_usage", stream_usage.install, {"api_server"}),
+        RuntimePatch("usage_accounting", lambda s: s.ledger and engine_hooks.install(s), {"api_server"},
+                     engine_hooks.PATCH_TARGETS, "ledger"),
+        RuntimePatch("per_chunk_usage", stream_usage.install, {"api_server"}, stream_usage.PATCH_TARGETS,
+                     "per_chunk_usage"),
     ]
 
 
