@@ -1,6 +1,8 @@
 """E2E: ``count_chat`` (Qwen3 template) equals vLLM's ``usage.prompt_tokens`` on the demo server, exactly.
 
-The demo server serves the official Qwen3 chat template with the generated Qwen3 tokenizer. Each seeded
+The demo server serves the package's prefix-stable ``qwen3-reuse`` template (KV-reuse mode, the launcher's default
+for Qwen3 models) with the generated Qwen3 tokenizer; ``preserve_thinking=false`` per request renders exactly as
+the official Qwen3 template (tests/unit/test_kv_reuse_template.py), so both are checked here (``mode``). Each seeded
 conversation of tests/unit/test_chat_count.py (system/no system, multi-turn, reasoning in earlier turns,
 tools, tool calls with string and dict arguments, consecutive tool results, content parts, CJK, emoji,
 leading newlines, enable_thinking None/True/False) is sent with ``max_tokens=1``. The demo server has no
@@ -49,11 +51,17 @@ def _wire(messages):
     return out
 
 
-def vllm_prompt_tokens(client, messages, tools, kwargs) -> int:
+MODES = {"reuse": ("qwen3-reuse", {}), "stock": ("qwen3", {"preserve_thinking": False})}
+
+
+def vllm_prompt_tokens(client, messages, tools, kwargs, mode: str = "reuse") -> int:
     extra = {}
     options = dict(kwargs)
+    template_kwargs = dict(MODES[mode][1])
     if options.get("enable_thinking") is not None:
-        extra["chat_template_kwargs"] = {"enable_thinking": options["enable_thinking"]}
+        template_kwargs["enable_thinking"] = options["enable_thinking"]
+    if template_kwargs:
+        extra["chat_template_kwargs"] = template_kwargs
     for key in ("add_generation_prompt", "continue_final_message"):
         if key in options:
             extra[key] = options[key]
@@ -65,21 +73,23 @@ def vllm_prompt_tokens(client, messages, tools, kwargs) -> int:
     return client.chat.completions.create(**body).usage.prompt_tokens
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", list(CASES))
-def test_count_chat_equals_vllm_prompt_tokens(openai_client, reference_tokenizer, name):
+def test_count_chat_equals_vllm_prompt_tokens(openai_client, reference_tokenizer, name, mode):
     messages, tools, kwargs = CASES[name]
-    expected = vllm_prompt_tokens(openai_client, messages, tools, kwargs)
-    assert count_chat(messages, reference_tokenizer, tools=tools, template="qwen3", **kwargs) == expected
+    template = MODES[mode][0]
+    expected = vllm_prompt_tokens(openai_client, messages, tools, kwargs, mode)
+    assert count_chat(messages, reference_tokenizer, tools=tools, template=template, **kwargs) == expected
     # the OpenAI wire form (arguments as JSON strings) counts the same
-    assert count_chat(_wire(messages), reference_tokenizer, tools=tools, **kwargs) == expected
+    assert count_chat(_wire(messages), reference_tokenizer, tools=tools, template=template, **kwargs) == expected
 
 
 def test_count_chat_with_default_tokenizer_equals_vllm(openai_client):
     """The bundled tokenizer (``tokenizer=None``) gives the same counts as the server."""
     for name in ("single_user", "consecutive_tool_results", "seed3", "seed7"):
         messages, tools, kwargs = CASES[name]
-        assert count_chat(messages, tools=tools, **kwargs) == vllm_prompt_tokens(openai_client, messages, tools,
-                                                                                 kwargs), name
+        assert count_chat(messages, tools=tools, template="qwen3-reuse", **kwargs) == vllm_prompt_tokens(
+            openai_client, messages, tools, kwargs), name
 
 
 EDGE_MESSAGES = [  # preprocessing corners, checked against vLLM's own parser below
