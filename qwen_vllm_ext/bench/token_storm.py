@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-model-len", type=int, default=None,
                    help="cap prompt + output (default: the server's max_model_len from /v1/models)")
     w.add_argument("--turns", type=int, default=1, help="turns per session (multi-turn conversations)")
+    w.add_argument("--template", default="auto",
+                   help="chat template the calculator counts with (qwen3, qwen3-reuse, qwen2.5, qwen3.5); auto: the "
+                        "one whose count matches the server's /tokenize on a probe conversation")
     w.add_argument("--seed", type=int, default=0)
     a = p.add_argument_group("arrivals and bounds")
     a.add_argument("--rate", type=float, default=1.0, help="sessions per second (open loop)")
@@ -111,6 +114,34 @@ def server_max_model_len(base_url: str, model: str, api_key: str | None) -> int 
     return None
 
 
+# Templates differ on earlier assistant turns (qwen3 drops their think block, qwen3-reuse keeps an empty one) and
+# on a missing system message (qwen2.5 injects its default one): one probe of each.
+PROBES = ([{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+           {"role": "user", "content": "c"}], [{"role": "user", "content": "a"}])
+CANDIDATE_TEMPLATES = ("qwen3", "qwen3-reuse", "qwen2.5")
+
+
+def detect_template(base_url: str, model: str, api_key: str | None) -> tuple[str, str]:
+    """(template, how it was chosen): the candidate whose counts of probe conversations equal the counts of the
+    server's own ``/tokenize`` (vLLM renders them with the template it serves)."""
+    import httpx
+    from qwen_v3_calculator import Calculator
+
+    base = base_url.rstrip("/")
+    base = base[:-3] if base.endswith("/v1") else base
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        served = [httpx.post(base + "/tokenize", headers=headers, json={"model": model, "messages": p},
+                             timeout=30).json()["count"] for p in PROBES]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        return "qwen3", f"qwen3 (default: the server's /tokenize did not answer: {exc!r})"
+    calc = Calculator()
+    for name in CANDIDATE_TEMPLATES:
+        if [calc.count_chat(p, template=name) for p in PROBES] == served:
+            return name, f"{name} (matches the server's /tokenize on probe conversations)"
+    return "qwen3", f"qwen3 (default: no known template gives the server's counts {served} for the probes)"
+
+
 def make_sessions(args) -> list[Session]:
     if args.distribution.endswith(".jsonl"):
         return load_trace(args.distribution, args.num_requests, args.duration, args.max_model_len)
@@ -129,7 +160,7 @@ class Storm:
 
         self.args = args
         self.sessions = sessions
-        self.prompts = PromptFactory(seed=args.seed)
+        self.prompts = PromptFactory(seed=args.seed, template=args.template)
         self.records: list[RequestRecord] = []
         self.t0 = 0.0
         self.bar = None
@@ -310,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     _validate(args, p)
     if args.max_model_len is None:
         args.max_model_len = server_max_model_len(args.base_url, args.model, args.api_key)
+    template_note = args.template
+    if args.template == "auto":
+        args.template, template_note = detect_template(args.base_url, args.model, args.api_key)
     try:
         sessions = make_sessions(args)
     except (ValueError, OSError) as exc:
@@ -327,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     rep["run"] = {"started_at": started, "argv": sys.argv[1:] if argv is None else list(argv),
                   "base_url": args.base_url, "model": args.model, "endpoint": args.endpoint,
                   "distribution": args.distribution, "max_model_len": args.max_model_len,
+                  "template": template_note,
                   "planned_requests": sum(len(s.turns) for s in sessions)}
+    print(f"chat template for the calculator: {template_note}")
     print(report_mod.table(rep))
     os.makedirs(args.output_dir, exist_ok=True)
     json_path = os.path.join(args.output_dir, "token_storm.json")

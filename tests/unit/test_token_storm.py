@@ -195,13 +195,13 @@ class FakeOpenAI:
     """A minimal streaming /v1/chat/completions server with a configurable fault (test double for unit tests;
     the e2e test runs TokenStorm against the real vLLM server)."""
 
-    def __init__(self, fault=None, tpm=None, deny_at=None):
+    def __init__(self, fault=None, tpm=None, deny_at=None, template="qwen3"):
         self.fault = fault
         self.deny_at = deny_at  # the n-th request (1-based) is denied although the quota has room
         self.seen = 0
         self.tpm_left = tpm
         self.lock = threading.Lock()
-        self.counter = PromptFactory()
+        self.counter = PromptFactory(template=template)
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -219,6 +219,13 @@ class FakeOpenAI:
 
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/tokenize":  # vLLM's: the count with the template the server renders
+                    body = json.dumps({"count": outer.counter.count_chat(req["messages"])}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 outer.handle(self, req)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -286,6 +293,18 @@ def test_cli_detects_accounting_faults(tmp_path, capsys, fault, check):
     else:
         assert rc == 3 and check in got
     assert "accounting: 6 requests checked" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("template", ["qwen3", "qwen3-reuse", "qwen2.5"])
+def test_template_is_detected_from_the_servers_tokenize(template):
+    srv = FakeOpenAI(template=template)
+    try:
+        name, how = token_storm.detect_template(srv.url + "/v1", "m", None)
+    finally:
+        srv.close()
+    assert name == template and "matches" in how
+    name, how = token_storm.detect_template("http://127.0.0.1:9", "m", None)  # nothing listens there
+    assert name == "qwen3" and "did not answer" in how
 
 
 def storm(srv, out, n, *extra):

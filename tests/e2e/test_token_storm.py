@@ -1,0 +1,130 @@
+"""E2E: the client SDK and TokenStorm against the demo server with the gateway and the SQLite ledger on.
+
+* real streams recorded from the server parse to the same events when re-chunked at every byte boundary;
+* the SDK sends X-Request-ID (the server echoes it), exposes usage per chunk, maps errors to typed exceptions;
+* short bounded TokenStorm runs (open loop with a TPM limit that denies part of the load; closed-loop multi-turn
+  sessions) report zero accounting mismatches (ledger included) and zero header-honesty violations.
+"""
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from qwen_vllm_ext.client import AuthenticationError, Client, NO_RETRIES, RateLimitError, SSEParser, StreamDecoder
+from qwen_vllm_ext.demo import SERVED_NAME
+
+from .test_gateway import gateway_server, make_key
+
+
+@pytest.fixture(scope="module")
+def storm_gw(tmp_path_factory):
+    # spike breaker off: a load test is a spike by design
+    server, data = gateway_server(tmp_path_factory, "storm", extra=["--qwen-spike-factor", "0"])
+    server.wait_healthy()
+    yield server, data
+    server.stop()
+
+
+def record_stream(server, secret, path, body) -> bytes:
+    with httpx.Client(base_url=server.base_url, timeout=120) as c:
+        with c.stream("POST", path, headers={"Authorization": f"Bearer {secret}"}, json=body) as r:
+            assert r.status_code == 200, r.read()
+            return b"".join(r.iter_raw())
+
+
+def parse(raw: bytes, cuts):
+    p = SSEParser()
+    out, pos = [], 0
+    for c in [*cuts, len(raw)]:
+        out += [(e.event, e.data) for e in p.feed(raw[pos:c])]
+        pos = c
+    p.close()
+    return out
+
+
+def test_recorded_streams_parse_identically_at_every_byte_boundary(storm_gw):
+    server, data = storm_gw
+    key = make_key(data, "--name", "sse")["secret"]
+    msgs = [{"role": "user", "content": "写一句话。Say hi in code: `print('hi')`"}]
+    raws = [
+        record_stream(server, key, "/v1/chat/completions", {"model": SERVED_NAME, "messages": msgs, "max_tokens": 6,
+                                                             "stream": True, "ignore_eos": True}),
+        record_stream(server, key, "/v1/chat/completions", {"model": SERVED_NAME, "messages": msgs, "max_tokens": 4,
+                                                             "stream": True, "return_token_ids": True}),
+        record_stream(server, key, "/v1/completions", {"model": SERVED_NAME, "prompt": "你好, world", "max_tokens": 5,
+                                                        "stream": True, "ignore_eos": True}),
+    ]
+    for raw in raws:
+        whole = parse(raw, [])
+        assert whole[-1] == ("message", "[DONE]") and len(whole) >= 4
+        for i in range(len(raw) + 1):
+            assert parse(raw, [i]) == whole, i
+        assert parse(raw, list(range(1, len(raw)))) == whole  # one byte per read
+        d = StreamDecoder()
+        chunks = [c for i in range(0, len(raw), 7) for c in d.feed(raw[i:i + 7])]
+        d.close()
+        usages = [c.usage for c in chunks]
+        assert all(u is not None for u in usages)  # the server's per-chunk usage
+        assert chunks[-1].is_usage_only and d.done
+
+
+def test_sdk_against_the_server(storm_gw):
+    server, data = storm_gw
+    key = make_key(data, "--name", "sdk", "--tpm", "200", "--rpm", "1000")["secret"]
+    with Client(server.base_url, key, retry=NO_RETRIES) as c:
+        s = c.chat([{"role": "user", "content": "hi"}], model=SERVED_NAME, stream=True, max_tokens=5,
+                   ignore_eos=True, request_id="tsk-e2e-sdk-1")
+        chunks = list(s)
+        assert s.request_id == "tsk-e2e-sdk-1" and "x-ratelimit-remaining-tokens" in s.headers
+        completions = [ch.usage["completion_tokens"] for ch in chunks if ch.usage]
+        assert completions == sorted(completions) and s.usage["completion_tokens"] == 5
+        with pytest.raises(RateLimitError) as ei:
+            c.chat([{"role": "user", "content": "hi"}], model=SERVED_NAME, max_tokens=190)
+        assert ei.value.code == "rate_limit_exceeded" and ei.value.request_id
+    with Client(server.base_url, "qve-" + "x" * 43, retry=NO_RETRIES) as c, pytest.raises(AuthenticationError) as ei:
+        c.chat([{"role": "user", "content": "hi"}], model=SERVED_NAME)
+    assert ei.value.status_code == 401 and ei.value.code == "invalid_api_key"
+
+
+def run_storm(server, data, secret, out, *args):
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.bench.token_storm", "--base-url", server.base_url,
+                           "--model", SERVED_NAME, "--api-key", secret, "--ledger", str(data / "ledger.sqlite3"),
+                           "--output-dir", str(out), "--strict", "--no-progress", *args],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads((out / "token_storm.json").read_text())
+    assert (out / "token_storm.png").read_bytes()[:4] == b"\x89PNG"
+    return rep, proc.stdout
+
+
+def test_token_storm_open_loop_under_a_tpm_limit_is_clean(storm_gw, tmp_path):
+    server, data = storm_gw
+    key = make_key(data, "--name", "storm-open", "--tpm", "6000", "--rpm", "1000")["secret"]
+    rep, out = run_storm(server, data, key, tmp_path, "--distribution", "long_tail", "--input-len", "150",
+                         "--tail-max", "1500", "--output-len", "24", "--rate", "20", "--num-requests", "60",
+                         "--duration", "30", "--seed", "7")
+    acc, hh = rep["accounting"], rep["header_honesty"]
+    assert acc["ledger_checked"] and acc["mismatches"] == [], acc["mismatches"]
+    assert hh["violations"] == [] and hh["denials_checked"] > 0, out
+    assert hh["overshoot"]["overshoot_tokens"] == 0 and hh["overshoot"]["limit_tokens"] == 6000
+    tp = rep["throughput"]
+    assert tp["requests"] == 60 and 10 <= tp["completed"] < 60
+    assert set(rep["errors"]) == {"429 rate_limit_exceeded"}
+    assert rep["latency"]["ttft_s"]["n"] == tp["completed"] and rep["latency"]["itl_s"]["p99"] is not None
+    assert "0 mismatches" in out and "0 violations" in out
+
+
+def test_token_storm_multi_turn_closed_loop_is_clean(storm_gw, tmp_path):
+    server, data = storm_gw
+    key = make_key(data, "--name", "storm-turns")["secret"]
+    rep, _ = run_storm(server, data, key, tmp_path, "--distribution", "normal", "--input-len", "300",
+                       "--output-len", "16", "--concurrency", "4", "--turns", "3", "--num-requests", "12",
+                       "--duration", "60", "--slo-ttft-ms", "5000")
+    assert rep["throughput"]["completed"] == 12 and rep["errors"] == {}
+    assert rep["accounting"]["mismatches"] == [] and rep["accounting"]["checked_requests"] == 12
+    turns = sorted((r["session"], r["turn"], r["prompt_tokens_calc"]) for r in rep["records"])
+    for (s1, t1, p1), (s2, t2, p2) in zip(turns, turns[1:]):
+        if s1 == s2:
+            assert t2 == t1 + 1 and p2 > p1 + 16  # the history grows with every turn
