@@ -277,3 +277,17 @@ def test_symlink_overlay_leaves_the_original_untouched(tmp_path, monkeypatch):
     assert _hashes(root) == before
     core.revert(copy, core.patch_set("0.32.0"))
     assert _hashes(copy) == before
+
+
+def test_the_wheel_ships_the_patch_sets():
+    """pyproject maps the repository's patches/ to the package ``qwen_vllm_ext.patches.data`` (where
+    ``core.patches_dir()`` looks first in an installed wheel) and ships every patch file."""
+    import tomllib
+
+    setuptools_cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools_cfg["package-dir"]["qwen_vllm_ext.patches.data"] == "patches"
+    assert {"qwen_vllm_ext.patches", "qwen_vllm_ext.patches.data"} <= set(setuptools_cfg["packages"])
+    globs = setuptools_cfg["package-data"]["qwen_vllm_ext.patches.data"]
+    shipped = {p for g in globs for p in (REPO / "patches").glob(g)}
+    assert set((REPO / "patches").glob("vllm-*/*.patch")) <= shipped
+    assert core.patches_dir() == REPO / "patches"  # a source checkout / editable install

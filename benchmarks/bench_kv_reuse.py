@@ -1,0 +1,340 @@
+"""KV-cache reuse across chat turns: M conversations x 10 turns against the demo server, three server modes in one run.
+
+    .venv/bin/python benchmarks/bench_kv_reuse.py [--conversations 2] [--turns 10] [--block-size 32]
+
+Server modes (one server at a time, all with ``--block-size B`` and the same demo model):
+
+* ``reuse``    — the launcher's default: the prefix-stable ``qwen3-reuse`` template, prefix caching on;
+* ``stock``    — ``--qwen-kv-reuse-template false``: the model's official Qwen3 template, prefix caching on;
+* ``no-cache`` — the official template with ``--no-enable-prefix-caching``: the no-reuse baseline.
+
+Each conversation is run with thinking on and off and in three ways of feeding the assistant turns back:
+
+* ``canonical`` — the model samples only single-token words (``allowed_token_ids``) and its answer is fed back as
+  generated: re-tokenizing the text gives the very ids it generated, as with a real model's ordinary text;
+* ``generated`` — free sampling fed back as generated: a random-weight model emits ids that re-tokenize
+  differently (non-canonical BPE), which breaks reuse inside the completion whatever the template does;
+* ``canned``    — a fixed answer text is fed back instead of what was generated: the previous prompt is reusable,
+  the previous completion never is.
+
+Thinking on: the reasoning is scripted — the turn's request ends with an assistant prefill
+``<think>\\n{reasoning}\\n</think>\\n\\n`` (``continue_final_message``), as if the model had written it; the history
+turn is fed back with that reasoning (``reasoning_content``) and the generated answer.
+
+Per turn: prompt tokens, cached tokens (usage of the streamed chunks), computed prefill tokens (prompt − cached),
+TTFT, and the reuse ratio cached ÷ (previous turn's prompt + completion). Targets (issue 7), on the canonical runs:
+computed prefill tokens ≥ 68% fewer than ``no-cache``; in ``reuse`` mode every turn after the first gets ≥ 90% of the
+previous turn's prompt + completion from cache. Writes benchmarks/results/bench_kv_reuse.json and .png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import httpx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+MODEL = "qwen3-demo"
+IM_END = 151645
+SYSTEM = ("You are a careful assistant for a travel company. Answer in plain words, keep answers short, and ask "
+          "before booking anything. The customer's profile: prefers trains over planes, travels with a dog, likes "
+          "quiet hotels near parks, budget is moderate, speaks English and a little German. ") * 3
+QUESTIONS = ["Where should I go in spring?", "Is the train from Berlin to Vienna comfortable?",
+             "Can my dog come on the night train?", "Which hotels near a park do you suggest?",
+             "How much does that cost per night?", "What about the weather in April?",
+             "Are there quiet cafes nearby?", "Can I get there from the station on foot?",
+             "What should I pack?", "Please summarize the plan."]
+REASONINGS = ["The customer wants a spring trip; trains preferred.", "Check the route and comfort of the train.",
+              "Dog policy on night trains matters here.", "Look for quiet hotels close to parks.",
+              "Estimate a moderate price range.", "Spring weather is mild but can be rainy.",
+              "Suggest calm places close to the hotel.", "Consider the walking distance.",
+              "Packing list for mild rainy weather and a dog.", "Collect the decisions so far."]
+CANNED = ["Vienna is lovely in spring.", "Yes, the day train is comfortable and quiet.",
+          "Small dogs travel free in most compartments.", "Two quiet hotels face the city park.",
+          "About ninety euros per night.", "Mild, with some rain showers.", "Yes, several calm cafes.",
+          "About fifteen minutes on foot.", "A rain jacket and the dog's papers.", "Train, park hotel, five nights."]
+WORDS = [" the", " cat", " dog", " sat", " on", " mat", " red", " blue", " big", " small", " house", " tree",
+         " runs", " fast", " and", " a", " train", " park", " quiet", " hotel", " rain", " walk", " city", " night"]
+
+
+def word_token_ids() -> list[int]:
+    """Ids of single-token words (each re-tokenizes to itself in any sequence: ' word' is its own pre-token)."""
+    from qwen_v3_calculator import Tokenizer
+
+    tok = Tokenizer.bundled("qwen3")
+    ids = []
+    for w in WORDS:
+        enc = tok.encode(w)
+        assert len(enc) == 1, (w, enc)
+        ids.append(enc[0])
+    return ids
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def chat_turn(client: httpx.Client, body: dict, headers: dict) -> dict:
+    """One streamed chat request: prompt ids, generated ids and text, last chunk's usage, TTFT."""
+    started = time.perf_counter()
+    prompt_ids, gen_ids, text, usage, ttft, finish, chunks_with_usage = None, [], [], None, None, None, 0
+    with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode(errors='replace')}")
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("prompt_token_ids") is not None:
+                prompt_ids = chunk["prompt_token_ids"]
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+                chunks_with_usage += 1
+            for choice in chunk.get("choices") or ():
+                if choice.get("token_ids"):
+                    gen_ids += choice["token_ids"]
+                    if ttft is None:
+                        ttft = time.perf_counter() - started
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    text.append(delta["content"])
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+    details = usage.get("prompt_tokens_details") or {}
+    return {"prompt_ids": prompt_ids, "gen_ids": gen_ids, "text": "".join(text), "finish": finish,
+            "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+            "cached_tokens": details.get("cached_tokens") or 0, "ttft_s": ttft, "chunks_with_usage": chunks_with_usage}
+
+
+def run_conversation(base_url: str, conv_id: str, *, thinking: bool, feedback: str, preserve: bool | None = None,
+                     turns: int = 10, max_tokens: int = 32, seed: int = 0, word_ids: list[int] | None = None,
+                     timeout: float = 120.0) -> list[dict]:
+    """Drive one scripted conversation; returns one dict per turn (see :func:`chat_turn`) plus ``prev_tokens``
+    (previous turn's prompt + completion), ``lcp`` (common token prefix of the previous turn's prompt + generated
+    ids with this prompt) and ``prev_prompt_tokens``. ``preserve``: send ``preserve_thinking`` (None: leave the
+    server default)."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    out: list[dict] = []
+    template_kwargs = {"enable_thinking": thinking}
+    if preserve is not None:
+        template_kwargs["preserve_thinking"] = preserve
+    with httpx.Client(base_url=base_url, timeout=timeout) as client:
+        for t in range(turns):
+            question = QUESTIONS[t % len(QUESTIONS)]
+            messages.append({"role": "user", "content": f"[{conv_id}] {question}" if t == 0 else question})
+            body = {"model": MODEL, "messages": list(messages), "max_tokens": max_tokens, "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                    "return_token_ids": True, "seed": seed * 1000 + t, "chat_template_kwargs": template_kwargs}
+            reasoning = REASONINGS[t % len(REASONINGS)]
+            if thinking:  # scripted reasoning, as if the model had written it
+                body["messages"].append({"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n\n"})
+                body.update(add_generation_prompt=False, continue_final_message=True)
+            if feedback == "canonical":
+                body["allowed_token_ids"] = [*(word_ids or word_token_ids()), IM_END]
+            turn = chat_turn(client, body, {"x-conversation-id": conv_id})
+            answer = CANNED[t % len(CANNED)] if feedback == "canned" else turn["text"]
+            assistant = {"role": "assistant", "content": answer}
+            if thinking:
+                assistant["reasoning_content"] = reasoning
+            messages.append(assistant)
+            if out:
+                prev = out[-1]
+                turn["prev_tokens"] = prev["prompt_tokens"] + prev["completion_tokens"]
+                turn["prev_prompt_tokens"] = prev["prompt_tokens"]
+                turn["lcp"] = common_prefix(prev["prompt_ids"] + prev["gen_ids"], turn["prompt_ids"])
+            out.append(turn)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ servers
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, extra: list[str], data_dir: str, log_path: str):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        argv = [sys.executable, "-m", "qwen_vllm_ext.serve", "--host", "127.0.0.1", "--port", str(self.port),
+                "--qwen-data-dir", data_dir, *extra]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait_healthy(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}); see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"server not healthy after {timeout}s; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+SERVER_MODES = {
+    "reuse": [],
+    "stock": ["--qwen-kv-reuse-template", "false"],
+    "no-cache": ["--qwen-kv-reuse-template", "false", "--no-enable-prefix-caching"],
+}
+
+
+# ------------------------------------------------------------------------------------------------ summary
+def summarize(runs: list[list[dict]], turns: int) -> dict:
+    """Per-turn sums over conversations and totals."""
+    per_turn = []
+    for t in range(turns):
+        rows = [r[t] for r in runs]
+        prompt = sum(x["prompt_tokens"] for x in rows)
+        cached = sum(x["cached_tokens"] for x in rows)
+        prev = sum(x.get("prev_tokens", 0) for x in rows)
+        ratios = [x["cached_tokens"] / x["prev_tokens"] for x in rows if x.get("prev_tokens")]
+        per_turn.append({"turn": t + 1, "prompt_tokens": prompt, "cached_tokens": cached, "computed": prompt - cached,
+                         "ttft_ms": 1000 * sum(x["ttft_s"] or 0 for x in rows) / len(rows),
+                         "reuse_ratio_min": min(ratios) if ratios else None,
+                         "reuse_ratio_mean": (sum(ratios) / len(ratios)) if ratios else None,
+                         "prev_tokens": prev})
+    total = {k: sum(p[k] for p in per_turn) for k in ("prompt_tokens", "cached_tokens", "computed")}
+    total["ttft_ms_mean"] = sum(p["ttft_ms"] for p in per_turn) / len(per_turn)
+    later = [p["reuse_ratio_min"] for p in per_turn[1:] if p["reuse_ratio_min"] is not None]
+    total["reuse_ratio_min"] = min(later) if later else None
+    return {"per_turn": per_turn, "total": total}
+
+
+def plot(path: str, results: dict, block_size: int) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for thinking, ax in zip(("on", "off"), axes):
+        for mode, style in (("no-cache", ":"), ("stock", "--"), ("reuse", "-")):
+            for feedback, color in (("canonical", "tab:green"), ("generated", "tab:red"), ("canned", "tab:blue")):
+                s = results[mode][f"thinking-{thinking}"][feedback]
+                ax.plot([p["turn"] for p in s["per_turn"]], [p["computed"] for p in s["per_turn"]], style,
+                        color=color, label=f"{mode} / {feedback}", marker="o", ms=3)
+        ax.set_title(f"computed prefill tokens per turn, thinking {thinking} (block size {block_size})")
+        ax.set_xlabel("turn")
+        ax.set_ylabel("prompt − cached tokens (sum over conversations)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--conversations", type=int, default=2, help="M conversations per (mode, thinking, feedback)")
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--block-size", type=int, default=32, help="vLLM --block-size (CPU default 128; GPU profiles 16)")
+    ap.add_argument("--modes", default="reuse,stock,no-cache")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "bench_kv_reuse.json"))
+    args = ap.parse_args(argv)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    word_ids = word_token_ids()
+    results: dict = {"config": {**vars(args), "word_tokens": len(word_ids)}, "started": time.time()}
+    tmp = tempfile.mkdtemp(prefix="bench-kv-reuse-")
+    t0 = time.monotonic()
+    for mode in args.modes.split(","):
+        server = Server([*SERVER_MODES[mode], "--block-size", str(args.block_size)], os.path.join(tmp, mode),
+                        os.path.join(tmp, f"{mode}.log"))
+        try:
+            server.wait_healthy()
+            print(f"[{time.monotonic() - t0:6.1f}s] {mode}: server up", file=sys.stderr)
+            results[mode] = {}
+            for thinking in (True, False):
+                key = f"thinking-{'on' if thinking else 'off'}"
+                results[mode][key] = {}
+                for feedback in ("canonical", "generated", "canned"):
+                    runs = [run_conversation(server.base_url, f"{mode}-{key}-{feedback}-{m}", thinking=thinking,
+                                             feedback=feedback, turns=args.turns, max_tokens=args.max_tokens, seed=m,
+                                             word_ids=word_ids) for m in range(args.conversations)]
+                    summary = summarize(runs, args.turns)
+                    summary["raw"] = [[{k: v for k, v in turn.items() if k not in ("prompt_ids", "gen_ids", "text")}
+                                       for turn in run] for run in runs]
+                    results[mode][key][feedback] = summary
+        finally:
+            server.stop()
+    results["elapsed_s"] = time.monotonic() - t0
+    report(results, args)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    png = os.path.splitext(args.out)[0] + ".png"
+    drawn = plot(png, results, args.block_size) if all(m in results for m in SERVER_MODES) else False
+    print(f"\nwrote {args.out}" + (f" and {png}" if drawn else ""), file=sys.stderr)
+    return 0
+
+
+def report(results: dict, args) -> None:
+    modes = [m for m in SERVER_MODES if m in results]
+    print(f"\nKV-cache reuse, {args.conversations} conversations x {args.turns} turns, block size {args.block_size}, "
+          f"{results['elapsed_s']:.0f} s\n")
+    print("| thinking | feedback | mode | prompt tokens | cached | computed prefill | vs no-cache | "
+          "min reuse ratio (turns 2+) | mean TTFT ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for key in ("thinking-on", "thinking-off"):
+        for feedback in ("canonical", "generated", "canned"):
+            base = results.get("no-cache", {}).get(key, {}).get(feedback, {}).get("total", {}).get("computed")
+            for mode in modes:
+                t = results[mode][key][feedback]["total"]
+                fewer = f"−{100 * (1 - t['computed'] / base):.1f}%" if base else "—"
+                ratio = "—" if t["reuse_ratio_min"] is None else f"{t['reuse_ratio_min']:.3f}"
+                print(f"| {key[9:]} | {feedback} | {mode} | {t['prompt_tokens']} | {t['cached_tokens']} | "
+                      f"{t['computed']} | {fewer} | {ratio} | {t['ttft_ms_mean']:.1f} |")
+    if "reuse" in results:
+        print("\nPer turn, reuse mode, canonical feedback (sums over conversations):\n")
+        print("| thinking | turn | prompt | cached | computed | prev prompt+completion | min reuse ratio | TTFT ms |")
+        print("|---|---|---|---|---|---|---|---|")
+        for key in ("thinking-on", "thinking-off"):
+            for p in results["reuse"][key]["canonical"]["per_turn"]:
+                r = "—" if p["reuse_ratio_min"] is None else f"{p['reuse_ratio_min']:.3f}"
+                print(f"| {key[9:]} | {p['turn']} | {p['prompt_tokens']} | {p['cached_tokens']} | {p['computed']} | "
+                      f"{p['prev_tokens']} | {r} | {p['ttft_ms']:.1f} |")
+    if "reuse" in results and "no-cache" in results:
+        print("\nTargets (canonical feedback):")
+        for key in ("thinking-on", "thinking-off"):
+            r, b = results["reuse"][key]["canonical"]["total"], results["no-cache"][key]["canonical"]["total"]
+            fewer = 1 - r["computed"] / b["computed"]
+            print(f"  thinking {key[9:]}: computed prefill {100 * fewer:.1f}% fewer than no-cache "
+                  f"({'met' if fewer >= 0.68 else 'NOT met'}, target 68%); min reuse ratio {r['reuse_ratio_min']:.3f} "
+                  f"({'met' if r['reuse_ratio_min'] >= 0.9 else 'NOT met'}, target 0.90)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
