@@ -13,6 +13,13 @@ Traces (seeded, the same for both policies at a load level; open-loop Poisson ar
 Prompts are random token ids (distinct per request: no prefix-cache hits, so the comparison is about
 ordering, not caching).
 
+Model (``--model``): a generated random-weight Qwen3 (``qwen_vllm_ext.demo.VARIANTS``). The default,
+``prefill-bench``, has the cost shape admission ordering is about — a long prefill costs tens of full-batch
+decode steps, as for a real model on a GPU. The tiny ``demo`` model is decode-slot-bound instead (a 2,000-token
+prefill costs about one decode step): there every request holds a batch slot for its whole output whatever its
+prompt length, so ordering by prompt tokens cannot shorten the queue. The capacity phase measures and prints
+the cost shape (a 2,000-token prefill alone vs one decode step of a full batch).
+
 Phases, each engine in a fresh subprocess (``--worker``) so the engine core sees its own ``QWEN_VLLM_EXT_SCHED_*``
 settings:
 
@@ -133,9 +140,9 @@ def make_arrivals(kind: str, n: int, rate: float, seed: int) -> list[float]:
     return out
 
 
-def prompt_ids(req: dict) -> list[int]:
+def prompt_ids(req: dict, vocab_size: int = 151936) -> list[int]:
     rng = random.Random(req["token_seed"])
-    return [rng.randrange(1000, 150000) for _ in range(req["prompt_len"])]
+    return [rng.randrange(1000, min(vocab_size - 100, 150000)) for _ in range(req["prompt_len"])]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -218,14 +225,14 @@ def __getattr__(name: str):  # PEP 562: vLLM resolves "bench_scheduler.BenchFCFS
 # ---------------------------------------------------------------------------------------------------------
 # Worker: one engine, several traces replayed by timestamp
 # ---------------------------------------------------------------------------------------------------------
-async def _replay(engine, reqs: list[dict], arrivals: list[float], tag: str) -> dict:
+async def _replay(engine, reqs: list[dict], arrivals: list[float], tag: str, vocab_size: int) -> dict:
     import asyncio
 
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    prompts = [prompt_ids(r) for r in reqs]
+    prompts = [prompt_ids(r, vocab_size) for r in reqs]
     results: list[dict] = [None] * len(reqs)  # type: ignore[list-item]
     t0 = time.time() + 0.5
 
@@ -254,6 +261,31 @@ async def _replay(engine, reqs: list[dict], arrivals: list[float], tag: str) -> 
             "requests": results}
 
 
+async def _probe(engine, vocab_size: int) -> dict:
+    """The model's cost shape on this machine: one 2,000-token prefill alone vs one decode step of a full batch
+    (``max_num_seqs`` requests of 16-token prompts decoding 33 tokens; the step time is taken from the
+    difference with a 1-token run, so prefill and start-up cancel out). Best of three each."""
+    n = ENGINE_KW["max_num_seqs"]
+
+    async def timed(reqs: list[dict], tag: str) -> float:
+        t = time.time()
+        await _replay(engine, reqs, [0.0] * len(reqs), tag, vocab_size)
+        return time.time() - t
+
+    def batch(out: int) -> list[dict]:
+        return [{"i": i, "prompt_len": 16, "max_tokens": out, "long": False, "token_seed": 100 + i} for i in range(n)]
+
+    prefill, decode = [], []
+    for k in range(3):
+        prefill.append(await timed([{"i": 0, "prompt_len": 2000, "max_tokens": 1, "long": True,
+                                     "token_seed": 7 + k}], f"probe-p{k}"))
+        one = await timed(batch(1), f"probe-d1-{k}")
+        full = await timed(batch(33), f"probe-d33-{k}")
+        decode.append(max(full - one, 1e-6) / 32)
+    p, d = min(prefill), min(decode)
+    return {"prefill_2000_s": p, "decode_step_s": d, "prefill_over_decode_step": p / d}
+
+
 def worker(spec_path: str, out_path: str) -> None:
     import asyncio
 
@@ -262,11 +294,12 @@ def worker(spec_path: str, out_path: str) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from qwen_vllm_ext.demo import ensure_demo_model
+    from qwen_vllm_ext.demo import CONFIG, VARIANTS, ensure_demo_model
 
+    vocab = {**CONFIG, **VARIANTS[spec["model"]]}["vocab_size"]
     cls = "BenchTokenWeightedScheduler" if spec["policy"] == "tw" else "BenchFCFSScheduler"
     t_start = time.time()
-    args = AsyncEngineArgs(model=str(ensure_demo_model()), scheduler_cls=f"{MODULE}.{cls}",
+    args = AsyncEngineArgs(model=str(ensure_demo_model(variant=spec["model"])), scheduler_cls=f"{MODULE}.{cls}",
                            disable_log_stats=True, **ENGINE_KW)
     engine = AsyncLLM.from_engine_args(args)
     t_ready = time.time()
@@ -277,11 +310,12 @@ def worker(spec_path: str, out_path: str) -> None:
         warm = [{"i": -1, "prompt_len": 3000, "max_tokens": 8, "long": True, "token_seed": 1},
                 {"i": -2, "prompt_len": 100, "max_tokens": 8, "long": False, "token_seed": 2},
                 {"i": -3, "prompt_len": 60, "max_tokens": 8, "long": False, "token_seed": 3}]
-        await _replay(engine, warm, [0.0, 0.05, 0.1], "warm")
+        await _replay(engine, warm, [0.0, 0.05, 0.1], "warm", vocab)
+        probe = await _probe(engine, vocab) if spec.get("probe") else None
         runs = []
         for job in spec["jobs"]:
             await asyncio.sleep(0.5)
-            r = await _replay(engine, job["requests"], job["arrivals"], job["name"])
+            r = await _replay(engine, job["requests"], job["arrivals"], job["name"], vocab)
             # The engine core dumps its per-step records once it has no unfinished request.
             deadline = time.time() + 5.0
             steps_data = {}
@@ -300,7 +334,7 @@ def worker(spec_path: str, out_path: str) -> None:
             r["qwen_policy"] = steps_data.get("qwen_policy")
             r["name"] = job["name"]
             runs.append(r)
-        return {"runs": runs}
+        return {"runs": runs, "probe": probe}
 
     try:
         result = asyncio.run(main())
@@ -322,12 +356,13 @@ def quantile(values: list[float], q: float) -> float:
     return float(s[min(rank, len(s)) - 1])
 
 
-def run_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_name: str) -> dict:
+def run_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_name: str, model: str,
+               probe: bool = False) -> dict:
     os.makedirs(os.path.join(RESULTS, "bench_scheduler_logs"), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="bench-sched-")
     spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
     with open(spec_path, "w") as f:
-        json.dump({"policy": policy, "jobs": jobs}, f)
+        json.dump({"policy": policy, "jobs": jobs, "model": model, "probe": probe}, f)
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     env["PYTHONPATH"] = HERE + os.pathsep + ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -417,6 +452,10 @@ def main() -> int:
                     help="skip the capacity phase: req/s per trace, e.g. longtail=5.1,burst=6.0")
     ap.add_argument("--sched", action="append", default=[],
                     help="QWEN_VLLM_EXT_SCHED_*=VALUE for the token-weighted engine (repeatable)")
+    ap.add_argument("--model", default="prefill-bench", choices=("prefill-bench", "demo"),
+                    help="generated model variant (qwen_vllm_ext.demo.VARIANTS): prefill-bench (default; a long "
+                         "prefill costs ~25-30 full decode steps, as for a mid-size model on a GPU) or demo (the "
+                         "tiny demo model: a 2,000-token prefill costs less than one decode step)")
     ap.add_argument("--out", default=None, help="JSON path")
     args = ap.parse_args()
     if args.worker:
@@ -435,6 +474,7 @@ def main() -> int:
           f"SLO {args.slo}s, token-weighted settings {sched_env or 'defaults'}", flush=True)
 
     # 1. Capacity (FCFS, all requests at t=0).
+    probe = None
     if args.capacity:
         capacity = {k: {"req_s": float(v)} for k, v in (kv.split("=") for kv in args.capacity.split(","))}
     else:
@@ -443,7 +483,11 @@ def main() -> int:
         for kind in traces:
             mix = make_mix(kind, n_cap, args.seed + 1000)
             jobs.append({"name": f"cap-{kind}", "requests": mix, "arrivals": [0.0] * len(mix)})
-        cap_out = run_worker("fcfs", jobs, {}, "capacity")
+        cap_out = run_worker("fcfs", jobs, {}, "capacity", args.model, probe=True)
+        probe = cap_out["probe"]
+        print(f"  cost shape: a 2,000-token prefill alone {probe['prefill_2000_s'] * 1000:.0f} ms, a decode step of "
+              f"{ENGINE_KW['max_num_seqs']} requests {probe['decode_step_s'] * 1000:.1f} ms "
+              f"(ratio {probe['prefill_over_decode_step']:.1f})", flush=True)
         capacity = {}
         for kind, run in zip(traces, cap_out["runs"]):
             span = run["t_end"] - run["t0"]
@@ -466,7 +510,7 @@ def main() -> int:
                                  "arrivals": make_arrivals(kind, n, rate, args.seed)})
                 print(f"replay load {load}x, {POLICY_NAMES[policy]} (repeat {rep + 1})...", flush=True)
                 out = run_worker(policy, jobs, sched_env if policy == "tw" else {},
-                                 f"replay-x{load}-{policy}-r{rep + 1}")
+                                 f"replay-x{load}-{policy}-r{rep + 1}", args.model)
                 raw.setdefault((load, policy), []).append(dict(zip(traces, out["runs"])))
 
     # 3. Metrics.
@@ -537,7 +581,7 @@ def main() -> int:
         "benchmark": "bench_scheduler",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "engine": {**ENGINE_KW, "model": "qwen3-tiny-demo (float32, CPU)", "VLLM_CPU_KVCACHE_SPACE":
+        "engine": {**ENGINE_KW, "model": f"generated Qwen3, variant {args.model} (float32, CPU)", "VLLM_CPU_KVCACHE_SPACE":
                    os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")},
         "args": {k: v for k, v in vars(args).items() if k != "worker"},
         "traces": {k: {**v, "short_prompt": SHORT_RANGE, "long_prompt": LONG_RANGE, "output": OUT_RANGE}
@@ -545,6 +589,7 @@ def main() -> int:
         "requests_per_trace": n, "loads": loads, "slo_s": args.slo,
         "token_weighted_settings": sched_env,
         "capacity": capacity,
+        "cost_shape": probe,
         "summary": summary,
         "verdicts": verdicts,
         "pass": all_pass, "pass_per_trace": trace_pass,

@@ -46,11 +46,21 @@ CONFIG = {
     # Written by real Qwen3 checkpoints; without it transformers 5 suspects a Mistral tokenizer and warns.
     "transformers_version": "4.51.0",
 }
+# Variants: config overrides on top of CONFIG. "prefill-bench" is for the scheduler benchmark: a small vocabulary
+# (decode steps stay cheap, as the LM head is a small share of a real model's work) and a deeper, wider body, so
+# that a long prefill costs tens of full-batch decode steps as on a GPU, where the demo model's 2,000-token
+# prefill costs about one (benchmarks/bench_scheduler.py measures and prints the ratio). Same tokenizer (ids <
+# 8192 are real Qwen tokens); not for chat.
+VARIANTS: dict[str, dict] = {
+    "demo": {},
+    "prefill-bench": {"vocab_size": 8192, "hidden_size": 384, "intermediate_size": 1152, "num_hidden_layers": 4,
+                      "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64},
+}
 GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 
 
-def build_demo_model(output: str | os.PathLike, seed: int = 0) -> Path:
-    """Write the demo model directory to ``output`` (created; existing files overwritten)."""
+def build_demo_model(output: str | os.PathLike, seed: int = 0, variant: str = "demo") -> Path:
+    """Write the demo model directory (or another ``VARIANTS`` entry) to ``output`` (existing files overwritten)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -58,27 +68,31 @@ def build_demo_model(output: str | os.PathLike, seed: int = 0) -> Path:
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
+    config = {**CONFIG, **VARIANTS[variant]}
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**CONFIG)).to(torch.float32)
+    model = Qwen3ForCausalLM(Qwen3Config(**config)).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     # save_pretrained rewrites config.json in transformers' own layout; pin ours for reproducibility.
-    (out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
     write_tokenizer_files(out, flavor="qwen3")
     return out
 
 
-def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Path of the cached demo model, building it once (atomically) if needed."""
+def ensure_demo_model(cache_dir: str | os.PathLike | None = None, variant: str = "demo") -> Path:
+    """Path of the cached demo model (or ``VARIANTS`` entry), building it once (atomically) if needed."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown model variant {variant!r}; known: {', '.join(VARIANTS)}")
     root = Path(cache_dir) if cache_dir else cache_home() / "models"
-    final = root / f"{DEMO_NAME}-r{DEMO_REVISION}"
+    name = DEMO_NAME if variant == "demo" else f"qwen3-{variant}"
+    final = root / f"{name}-r{DEMO_REVISION}"
     if (final / ".complete").exists():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}-", dir=root))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
     try:
-        build_demo_model(tmp)
+        build_demo_model(tmp, variant=variant)
         (tmp / ".complete").write_text("ok\n")
         if final.exists():
             shutil.rmtree(final)
@@ -92,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qwen_vllm_ext.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--output", help="directory to write (default: the shared cache entry)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="demo")
     args = parser.parse_args(argv)
-    path = build_demo_model(args.output, args.seed) if args.output else ensure_demo_model()
+    path = (build_demo_model(args.output, args.seed, args.variant) if args.output
+            else ensure_demo_model(variant=args.variant))
     print(path)
     return 0
 
