@@ -8,7 +8,7 @@ unzipped from the wheel: ``pip download --no-deps vllm==0.33.0 -d /tmp/vllm033 &
 unzip -q vllm-*.whl 'vllm/*.py' -d src``). For each version it copies the files the recipes touch into a
 temporary git repository, commits them, applies the recipes one commit per patch and writes
 ``git format-patch`` output with fixed author and dates, so the same sources give byte-identical patches.
-Only diffs are written: vLLM's code is never committed here.
+Only diffs are written: vLLM's code is never committed here. ``QWEN_REGEN_OUT=DIR`` writes under DIR instead.
 
 Every edit replaces an anchor that must occur exactly once in the file (or appends at the end of it), so a
 vLLM version whose code moved fails loudly here instead of producing a wrong patch. Each change is one marked
@@ -201,10 +201,11 @@ def main(argv: list[str]) -> int:
     if not argv or any("=" not in a for a in argv):
         print(__doc__, file=sys.stderr)
         return 2
+    out_base = Path(os.environ.get("QWEN_REGEN_OUT", HERE))  # tests write elsewhere
     for arg in argv:
         version, directory = arg.split("=", 1)
-        for path in regenerate(version, Path(directory)):
-            print(path.relative_to(HERE.parent))
+        for path in regenerate(version, Path(directory), out_base):
+            print(path)
     return 0
 
 

@@ -53,19 +53,29 @@ class PlainVllmServer(Server):
             stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
+_RUNNING: list[Server] = []  # at most one server of this module at a time
+
+
 @pytest.fixture(scope="module")
-def patched_server(tmp_path_factory):
-    base = tmp_path_factory.mktemp("patched")
-    overlay = core.overlay(core.find_vllm(), base / "site")
+def patched_vllm(tmp_path_factory):
+    """A symlink overlay of the installed vLLM with every source patch applied (through the CLI)."""
+    overlay = core.overlay(core.find_vllm(), tmp_path_factory.mktemp("patched") / "site")
     applied = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.patches", "apply", "--vllm-path", str(overlay)],
                              capture_output=True, text=True, timeout=120)
     assert applied.returncode == 0, applied.stderr
+    return overlay
+
+
+@pytest.fixture(scope="module")
+def patched_server(patched_vllm, tmp_path_factory):
+    base = tmp_path_factory.mktemp("plain")
     data_dir = base / "data"
-    env = _env(overlay.parent, token_weighted_scheduler="true", data_dir=data_dir)
+    env = _env(patched_vllm.parent, token_weighted_scheduler="true", data_dir=data_dir)
     server = PlainVllmServer(["--model", str(ensure_demo_model()), "--served-model-name", SERVED_NAME,
                               "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"],
                              base / "server.log", env)
     server.data_dir = data_dir
+    _RUNNING.append(server)
     server.wait_healthy()
     yield server
     server.stop()
@@ -165,6 +175,42 @@ def test_the_kv_reuse_template_keeps_earlier_reasoning(patched_server):
         return resp.json()["usage"]["prompt_tokens"]
 
     assert prompt_tokens("It is the seat of government and the largest city.") > prompt_tokens(None)
+
+
+def test_launcher_with_the_plugin_on_a_patched_vllm_does_nothing_twice(patched_vllm, tmp_path):
+    """Plugin AND source patches: the guard reports the capabilities the source carries, the plugin patches
+    nothing again, and the ledger middleware is attached once (one record per request, no suffixed duplicate)."""
+    while _RUNNING:
+        _RUNNING.pop().stop()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN_VLLM_EXT_") and k != "VLLM_PLUGINS"}
+    env["PYTHONPATH"] = str(patched_vllm.parent)
+    server = Server([], tmp_path / "server.log", env=env, data_dir=tmp_path / "data")
+    try:
+        server.wait_healthy()
+        health = _health(server)
+        assert health["patch_mode"] == "plugin" and health["disabled_patches"] == {}
+        assert sorted(health["source_patches"]) == ["per_chunk_usage", "token_weighted_scheduler",
+                                                    "usage_accounting"]
+        assert {"api_server", "engine_core"} <= set(health["plugin_loaded_in"])
+        body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3,
+                "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=120,
+                          headers={"X-Request-ID": "twice-check-1"}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert r.headers["x-request-id"] == "twice-check-1"
+        assert all("billing" in c["usage"] for c in chunks) and chunks[-1]["choices"] == []
+        store = open_store("sqlite", str(tmp_path / "data" / "ledger.sqlite3"))
+        deadline = time.monotonic() + 10
+        while not store.records() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)  # a second (duplicate) middleware would commit its record right after the first
+        assert [r.request_id for r in store.records()] == ["twice-check-1"]
+        deadline = time.monotonic() + 15
+        while not (schedulers := _health(server)["scheduler"]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert [s["scheduler"] for s in schedulers] == ["TokenWeightedScheduler"]
+    finally:
+        server.stop()
 
 
 def test_strict_mode_refuses_to_start_on_changed_vllm(tmp_path):

@@ -231,3 +231,16 @@ def test_strict_mode_refuses_to_start(modified_vllm, tmp_path):
     # a mismatch in a patch that is switched off does not matter, even in strict mode
     env["QWEN_VLLM_EXT_TOKEN_WEIGHTED_SCHEDULER"] = "false"
     assert _python(GUARD_SCRIPT, env).returncode == 0
+
+
+def test_shipped_patches_are_what_regen_produces_from_the_installed_vllm(tmp_path):
+    """patches/regen.py (the recipes) and the shipped 0.32.0 diffs never drift apart: regenerating from the
+    installed vLLM gives byte-identical files."""
+    regen = Path(core.patches_dir()) / "regen.py"
+    run = subprocess.run([sys.executable, str(regen), f"{VERSION}={INSTALLED}"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "QWEN_REGEN_OUT": str(tmp_path)})
+    assert run.returncode == 0, run.stderr
+    produced = sorted((tmp_path / f"vllm-{VERSION}").glob("*.patch"))
+    assert [p.name for p in produced] == [p.path.name for p in PATCHES]
+    for mine, shipped in zip(produced, PATCHES):
+        assert mine.read_bytes() == shipped.path.read_bytes(), mine.name
