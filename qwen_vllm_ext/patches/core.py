@@ -196,10 +196,22 @@ def state_dir(root: Path) -> Path:
 
 
 def read_state(root: Path) -> dict | None:
+    """The backup record of an applied patch set; None when there is none, or when it is stale: every file it
+    lists is back to its original content (vLLM was reinstalled over the patched tree)."""
     path = state_dir(root) / "state.json"
     if not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    state = json.loads(path.read_text(encoding="utf-8"))
+    base = root.parent
+    if state["files"] and all(_sha(_read(base / rel)) == info["original_sha256"]
+                              for rel, info in state["files"].items()):
+        return None
+    return state
+
+
+def _clear_stale_state(root: Path) -> None:
+    if read_state(root) is None and state_dir(root).exists():
+        shutil.rmtree(state_dir(root))
 
 
 def applied_ids(root: Path, patches: list[Patch]) -> list[str]:
@@ -228,9 +240,11 @@ def check(root: Path, patches: list[Patch]) -> Result:
     """Dry run: do the patches apply (or are they applied already)?"""
     state = read_state(root)
     if state is not None:
-        done = [p.id for p in patches if p.id in state["patches"]]
-        return Result(True, f"already applied to {root}: {', '.join(done) or 'other patches'} "
-                            f"(revert first to change the set)")
+        wanted = [p.id for p in patches]
+        if wanted == state["patches"]:
+            return Result(True, f"already applied to {root}: {', '.join(wanted)}")
+        return Result(False, f"{root} carries another patch set ({', '.join(state['patches'])}); revert it first "
+                             f"to apply {', '.join(wanted)}")
     try:
         contents = compute(root, patches)
     except PatchesError as exc:
@@ -245,8 +259,14 @@ def check(root: Path, patches: list[Patch]) -> Result:
 
 def apply(root: Path, patches: list[Patch], version: str) -> Result:
     """Apply all patches or none, keeping byte copies of the originals. Applying twice is a no-op."""
-    if read_state(root) is not None or (patches and len(applied_ids(root, patches)) == len(patches)):
+    state = read_state(root)
+    if state is not None:
+        if state["patches"] != [p.id for p in patches]:
+            raise PatchesError(f"{root} carries another patch set ({', '.join(state['patches'])}); revert it first")
         return Result(True, f"already applied to {root}; nothing to do")
+    if patches and len(applied_ids(root, patches)) == len(patches):
+        return Result(True, f"already applied to {root} (no backup record); nothing to do")
+    _clear_stale_state(root)
     contents = compute(root, patches)  # raises before anything is written
     base = root.parent
     sdir = state_dir(root)
@@ -281,6 +301,7 @@ def revert(root: Path, patches: list[Patch], force: bool = False) -> Result:
     base = root.parent
     state = read_state(root)
     if state is None:
+        _clear_stale_state(root)
         applied = [p for p in patches if p.id in applied_ids(root, patches)]
         if not applied:
             return Result(True, f"no patches applied to {root}; nothing to do")

@@ -191,6 +191,28 @@ def test_apply_is_all_or_nothing_idempotent_and_revert_is_byte_identical(tmp_pat
     assert "nothing to do" in core.revert(root, patches).message
 
 
+def test_another_set_and_a_reinstalled_vllm_are_recognised(tmp_path, monkeypatch):
+    root = _tree(tmp_path / "site")
+    monkeypatch.setenv(core.PATCHES_ENV, str(_patch_dir(tmp_path)))
+    pristine = _hashes(root)
+    patches = core.patch_set("0.32.0")
+    core.apply(root, patches[:1], "0.32.0")
+    verdict = core.check(root, patches)
+    assert not verdict.ok and "carries another patch set (0001-first); revert it first" in verdict.message
+    with pytest.raises(core.PatchesError, match="carries another patch set"):
+        core.apply(root, patches, "0.32.0")
+    assert "already applied" in core.apply(root, patches[:1], "0.32.0").message
+    # vLLM reinstalled over the patched tree: the pristine files are back, the backup record is stale
+    (root / "config" / "sched.py").write_bytes((root / core.STATE_DIR / "originals" / "vllm" / "config" /
+                                                "sched.py").read_bytes())
+    assert core.read_state(root) is None and core.applied_ids(root, patches) == []
+    assert "apply cleanly" in core.check(root, patches).message
+    assert core.apply(root, patches, "0.32.0").changed == ["vllm/__init__.py", "vllm/config/sched.py"]
+    assert core.read_state(root)["patches"] == ["0001-first", "0002-second"]
+    core.revert(root, patches)
+    assert {k: v for k, v in _hashes(root).items()} == pristine
+
+
 def test_a_conflicting_patch_changes_nothing(tmp_path, monkeypatch):
     root = _tree(tmp_path / "site")
     monkeypatch.setenv(core.PATCHES_ENV, str(_patch_dir(tmp_path, conflict=True)))
