@@ -103,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             result = core.check(root, patches) if args.command == "check" else core.apply(root, patches, version)
     except core.PatchesError as exc:
         print(f"qwen_vllm_ext.patches: error: {exc}", file=sys.stderr)
-        return 2 if "supported versions" in str(exc) or "not a vllm package" in str(exc) \
-            or "not installed" in str(exc) or "unknown patch" in str(exc) else 1
+        return exc.exit_status
     print(result.message)
     for rel in result.changed:
         print(f"  {rel}")

@@ -32,6 +32,14 @@ _VERSION = re.compile(r"""^(?:__version__\s*=\s*)?version\s*=\s*['"]([^'"]+)['"]
 class PatchesError(RuntimeError):
     """The command cannot proceed; the message says why and what to do."""
 
+    exit_status = 1  # the patches do not apply / the tree is not in the expected state
+
+
+class UsageError(PatchesError):
+    """Wrong target: no vLLM found, a version without patches, an unknown patch name."""
+
+    exit_status = 2
+
 
 # ---- where things are ------------------------------------------------------------------------------------
 def patches_dir() -> Path:
@@ -43,7 +51,7 @@ def patches_dir() -> Path:
     for path in candidates:
         if path.is_dir() and any(path.glob("vllm-*/*.patch")):
             return path
-    raise PatchesError(f"no patch sets found (looked in {', '.join(map(str, candidates))}); set {PATCHES_ENV}")
+    raise UsageError(f"no patch sets found (looked in {', '.join(map(str, candidates))}); set {PATCHES_ENV}")
 
 
 def find_vllm(path: str | os.PathLike | None = None) -> Path:
@@ -54,10 +62,10 @@ def find_vllm(path: str | os.PathLike | None = None) -> Path:
         for candidate in (p, p / "vllm"):
             if (candidate / "__init__.py").is_file() and candidate.name == "vllm":
                 return candidate
-        raise PatchesError(f"{p} is not a vllm package directory (nor contains one)")
+        raise UsageError(f"{p} is not a vllm package directory (nor contains one)")
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        raise PatchesError("vllm is not installed in this Python environment; pass --vllm-path DIR")
+        raise UsageError("vllm is not installed in this Python environment; pass --vllm-path DIR")
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -68,7 +76,7 @@ def vllm_version(root: Path) -> str:
         m = _VERSION.search(version_file.read_text(encoding="utf-8"))
         if m:
             return m.group(1).split("+", 1)[0]
-    raise PatchesError(f"cannot tell the vLLM version of {root} (no version in {version_file})")
+    raise UsageError(f"cannot tell the vLLM version of {root} (no version in {version_file})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +121,7 @@ def patch_set(version: str, base: Path | None = None) -> list[Patch]:
     base = patches_dir() if base is None else base
     directory = base / f"vllm-{version}"
     if not directory.is_dir():
-        raise PatchesError(f"no source patches for vLLM {version}; supported versions: "
+        raise UsageError(f"no source patches for vLLM {version}; supported versions: "
                            f"{', '.join(supported_versions(base)) or 'none'}")
     out = []
     for path in sorted(directory.glob("*.patch")):
@@ -130,7 +138,7 @@ def select(patches: list[Patch], only: list[str] | None) -> list[Patch]:
     chosen = [p for p in patches if p.id in only or p.name in only or p.number in only]
     unknown = set(only) - {k for p in chosen for k in (p.id, p.name, p.number)}
     if unknown:
-        raise PatchesError(f"unknown patch(es) {', '.join(sorted(unknown))}; available: "
+        raise UsageError(f"unknown patch(es) {', '.join(sorted(unknown))}; available: "
                            f"{', '.join(p.id for p in patches)}")
     return chosen
 
