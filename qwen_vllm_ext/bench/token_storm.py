@@ -164,7 +164,12 @@ class Storm:
         self.records: list[RequestRecord] = []
         self.t0 = 0.0
         self.bar = None
-        self.client = AsyncClient(args.base_url, args.api_key, timeout=args.timeout,
+        import httpx
+
+        # no connection-pool cap: a pool queue would show up as client-side TTFT
+        http = httpx.AsyncClient(timeout=args.timeout, limits=httpx.Limits(max_connections=None,
+                                                                           max_keepalive_connections=None))
+        self.client = AsyncClient(args.base_url, args.api_key, timeout=args.timeout, http_client=http,
                                   retry=RetryPolicy(max_retries=args.retries))
         # first turns are prepared before the clock starts (prompt cutting costs CPU)
         self.first_prompts = [self._first_prompt(s) for s in sessions]
