@@ -211,8 +211,9 @@ SERVER_MODES = {
 
 
 # ------------------------------------------------------------------------------------------------ summary
-def summarize(runs: list[list[dict]], turns: int) -> dict:
-    """Per-turn sums over conversations and totals."""
+def summarize(runs: list[list[dict]], turns: int, block_size: int) -> dict:
+    """Per-turn sums over conversations and totals. ``full_blocks``: turns whose cached tokens cover the previous
+    turn's prompt + completion down to the block boundary (all a prefix cache can give)."""
     per_turn = []
     for t in range(turns):
         rows = [r[t] for r in runs]
@@ -224,11 +225,17 @@ def summarize(runs: list[list[dict]], turns: int) -> dict:
                          "ttft_ms": 1000 * sum(x["ttft_s"] or 0 for x in rows) / len(rows),
                          "reuse_ratio_min": min(ratios) if ratios else None,
                          "reuse_ratio_mean": (sum(ratios) / len(ratios)) if ratios else None,
-                         "prev_tokens": prev})
+                         "prev_tokens": prev,
+                         "full_blocks": sum(1 for x in rows if x.get("prev_tokens") and x["cached_tokens"]
+                                            >= (x["prev_tokens"] - 1) // block_size * block_size)})
     total = {k: sum(p[k] for p in per_turn) for k in ("prompt_tokens", "cached_tokens", "computed")}
     total["ttft_ms_mean"] = sum(p["ttft_ms"] for p in per_turn) / len(per_turn)
     later = [p["reuse_ratio_min"] for p in per_turn[1:] if p["reuse_ratio_min"] is not None]
     total["reuse_ratio_min"] = min(later) if later else None
+    means = [p["reuse_ratio_mean"] for p in per_turn[1:] if p["reuse_ratio_mean"] is not None]
+    total["reuse_ratio_mean"] = sum(means) / len(means) if means else None
+    total["full_blocks"] = sum(p["full_blocks"] for p in per_turn)
+    total["turns_after_first"] = len(runs) * (turns - 1)
     return {"per_turn": per_turn, "total": total}
 
 
@@ -262,7 +269,8 @@ def main(argv=None) -> int:
     ap.add_argument("--conversations", type=int, default=2, help="M conversations per (mode, thinking, feedback)")
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--block-size", type=int, default=32, help="vLLM --block-size (CPU default 128; GPU profiles 16)")
+    ap.add_argument("--block-size", type=int, default=32,
+                    help="vLLM --block-size: the CPU build needs a multiple of 32 (its default is 128; GPU profiles use 16)")
     ap.add_argument("--modes", default="reuse,stock,no-cache")
     ap.add_argument("--out", default=os.path.join(RESULTS, "bench_kv_reuse.json"))
     args = ap.parse_args(argv)
@@ -285,7 +293,7 @@ def main(argv=None) -> int:
                     runs = [run_conversation(server.base_url, f"{mode}-{key}-{feedback}-{m}", thinking=thinking,
                                              feedback=feedback, turns=args.turns, max_tokens=args.max_tokens, seed=m,
                                              word_ids=word_ids) for m in range(args.conversations)]
-                    summary = summarize(runs, args.turns)
+                    summary = summarize(runs, args.turns, args.block_size)
                     summary["raw"] = [[{k: v for k, v in turn.items() if k not in ("prompt_ids", "gen_ids", "text")}
                                        for turn in run] for run in runs]
                     results[mode][key][feedback] = summary
@@ -306,17 +314,19 @@ def report(results: dict, args) -> None:
     print(f"\nKV-cache reuse, {args.conversations} conversations x {args.turns} turns, block size {args.block_size}, "
           f"{results['elapsed_s']:.0f} s\n")
     print("| thinking | feedback | mode | prompt tokens | cached | computed prefill | vs no-cache | "
-          "min reuse ratio (turns 2+) | mean TTFT ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "reuse ratio min / mean (turns 2+) | turns reused to the block boundary | mean TTFT ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for key in ("thinking-on", "thinking-off"):
         for feedback in ("canonical", "generated", "canned"):
             base = results.get("no-cache", {}).get(key, {}).get(feedback, {}).get("total", {}).get("computed")
             for mode in modes:
                 t = results[mode][key][feedback]["total"]
                 fewer = f"−{100 * (1 - t['computed'] / base):.1f}%" if base else "—"
-                ratio = "—" if t["reuse_ratio_min"] is None else f"{t['reuse_ratio_min']:.3f}"
+                ratio = "—" if t["reuse_ratio_min"] is None else \
+                    f"{t['reuse_ratio_min']:.3f} / {t['reuse_ratio_mean']:.3f}"
                 print(f"| {key[9:]} | {feedback} | {mode} | {t['prompt_tokens']} | {t['cached_tokens']} | "
-                      f"{t['computed']} | {fewer} | {ratio} | {t['ttft_ms_mean']:.1f} |")
+                      f"{t['computed']} | {fewer} | {ratio} | {t['full_blocks']}/{t['turns_after_first']} | "
+                      f"{t['ttft_ms_mean']:.1f} |")
     if "reuse" in results:
         print("\nPer turn, reuse mode, canonical feedback (sums over conversations):\n")
         print("| thinking | turn | prompt | cached | computed | prev prompt+completion | min reuse ratio | TTFT ms |")

@@ -134,3 +134,19 @@ def test_idle_sleep_is_refused_on_the_cpu_build(tmp_path):
                            "--qwen-data-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "idle_sleep_s=300 needs vLLM's sleep mode, which this platform does not support" in proc.stderr
+
+
+def test_count_endpoint_uses_the_served_reuse_template(demo_server):
+    """The server's calculator (also the gateway's exact admission count) counts with the template vLLM serves:
+    history reasoning kept, so the count equals vLLM's prompt_tokens in reuse mode and in stock mode."""
+    messages = [{"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", "reasoning_content": "Add the numbers."},
+                {"role": "user", "content": "and 3+3?"}]
+    for kwargs in ({}, {"preserve_thinking": False}, {"enable_thinking": False}):
+        body = {"model": "qwen3-demo", "messages": messages, "max_tokens": 1}
+        if kwargs:
+            body["chat_template_kwargs"] = kwargs
+        served = httpx.post(demo_server.base_url + "/v1/chat/completions", json=body, timeout=60).json()
+        counted = httpx.post(demo_server.base_url + "/v1/tokens/count", timeout=60,
+                             json={"messages": messages, "chat_template_kwargs": kwargs}).json()
+        assert counted["prompt_tokens"] == served["usage"]["prompt_tokens"], kwargs
