@@ -52,8 +52,12 @@ def _on_event(name: str, seconds: float) -> None:
         logger.info("qwen-vllm-ext: engine woken in %.2fs", seconds)
 
 
+NOT_ENGINE_PATHS = ("/v1/tokens/count",)  # answered by the API server alone: never wakes the engine
+
+
 def _is_engine_request(scope) -> bool:
-    return scope.get("method") == "POST" and str(scope.get("path", "")).startswith(("/v1/", "/inference/"))
+    path = str(scope.get("path", ""))
+    return scope.get("method") == "POST" and path.startswith(("/v1/", "/inference/")) and path not in NOT_ENGINE_PATHS
 
 
 async def _send_json(send, status: int, body: dict) -> None:
