@@ -15,7 +15,32 @@ import pytest
 from qwen_vllm_ext.client import AuthenticationError, Client, NO_RETRIES, RateLimitError, SSEParser, StreamDecoder
 from qwen_vllm_ext.demo import SERVED_NAME
 
+from ..redis_server import RedisServer
 from .test_gateway import gateway_server, make_key
+
+
+def test_token_storm_on_two_api_servers_sharing_redis(tmp_path_factory, tmp_path):
+    """Ledger and limiter in Redis, two API-server processes: zero mismatches against the Redis ledger, zero
+    header violations, zero overshoot of the shared TPM limit under concurrency. Runs before the module's other
+    server is started (one server at a time)."""
+    with RedisServer() as redis:
+        server, data = gateway_server(tmp_path_factory, "storm-redis", (
+            "--api-server-count", "2", "--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", redis.url,
+            "--qwen-limiter-backend", "redis", "--qwen-spike-factor", "0"))
+        try:
+            server.wait_healthy()
+            key = make_key(data, "--name", "storm-redis", "--tpm", "5000", "--rpm", "1000",
+                           redis_url=redis.url)["secret"]
+            rep, out = run_storm(server, data, key, tmp_path, "--distribution", "normal", "--input-len", "120",
+                                 "--output-len", "20", "--concurrency", "16", "--num-requests", "80",
+                                 "--duration", "40", "--ledger", redis.url)
+        finally:
+            server.stop()
+    assert rep["accounting"]["mismatches"] == [] and rep["accounting"]["ledger_checked"]
+    hh = rep["header_honesty"]
+    assert hh["violations"] == [] and hh["overshoot"]["overshoot_tokens"] == 0, out
+    assert 10 <= rep["throughput"]["completed"] < 80 and set(rep["errors"]) == {"429 rate_limit_exceeded"}
+    assert hh["overshoot"]["max_admitted_tokens"] <= 5000
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +114,9 @@ def test_sdk_against_the_server(storm_gw):
 
 
 def run_storm(server, data, secret, out, *args):
+    ledger = [] if "--ledger" in args else ["--ledger", str(data / "ledger.sqlite3")]
     proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.bench.token_storm", "--base-url", server.base_url,
-                           "--model", SERVED_NAME, "--api-key", secret, "--ledger", str(data / "ledger.sqlite3"),
+                           "--model", SERVED_NAME, "--api-key", secret, *ledger,
                            "--output-dir", str(out), "--strict", "--no-progress", *args],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
