@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from typing import Any, Callable, Iterator, AsyncIterator
+from typing import AsyncIterator, Callable, Iterator
 
 import httpx
 

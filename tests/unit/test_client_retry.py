@@ -179,10 +179,9 @@ def test_async_client_retries_and_streams(server_factory):
         async with AsyncClient(s.url + "/v1", retry=fast_policy()) as c:
             st = await c.chat(HI, model="m", stream=True)
             got = [ch.text async for ch in st]
-            st2 = None
-            return got, st.usage, st.attempts, st2
+            return got, st.usage, st.attempts
 
-    got, usage, attempts, _ = asyncio.run(go())
+    got, usage, attempts = asyncio.run(go())
     assert got == ["he", "llo."] and usage["total_tokens"] == 2 and attempts == 2
     assert s.requests[1]["body"]["stream"] is True and s.gaps()[0] >= 0.2
 
