@@ -144,7 +144,7 @@ class EndpointPlugin:
             state.qwen_max_model_len = engine_client.model_config.max_model_len
         from .kv import server as kv_server
 
-        await kv_server.init_state(engine_client, state, state.qwen_vllm_ext_settings)
+        await kv_server.init_state(engine_client, state, state.qwen_vllm_ext_settings, args)
 
 
 _collectors_registered = False
@@ -169,6 +169,7 @@ def instance_id() -> str:
 
 
 def health_report() -> dict:
+    from .kv.server import status as kv_status
     from .scheduling.metrics import scheduler_status
 
     local = register_general()
@@ -187,6 +188,7 @@ def health_report() -> dict:
         "instance_id": instance_id(),
         "plugin_loaded_in": roles,
         "scheduler": scheduler_status(),
+        "kv_reuse": kv_status(),
         "processes": processes,
         "settings": Settings.current().public(),
     }

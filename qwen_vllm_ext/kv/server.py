@@ -24,6 +24,7 @@ logger = logging.getLogger("qwen_vllm_ext.kv")
 
 _SLEEPER: IdleSleeper | None = None
 _TASK: asyncio.Task | None = None
+_TEMPLATE: str | None = None  # the calculator template vLLM serves ("qwen3-reuse" in reuse mode)
 
 
 @functools.lru_cache(maxsize=1)
@@ -100,10 +101,12 @@ def attach(app, settings) -> None:
     app.add_middleware(KvMiddleware)
 
 
-async def init_state(engine_client, state, settings) -> None:
-    """Start the idle-sleep timer on this API server when ``idle_sleep_s > 0`` (the launcher has checked the
-    platform supports sleep mode and added ``--enable-sleep-mode``)."""
-    global _SLEEPER, _TASK
+async def init_state(engine_client, state, settings, args=None) -> None:
+    """Record the served template; start the idle-sleep timer on this API server when ``idle_sleep_s > 0`` (the
+    launcher has checked the platform supports sleep mode and added ``--enable-sleep-mode``)."""
+    global _SLEEPER, _TASK, _TEMPLATE
+    if args is not None:
+        _TEMPLATE = reuse.served_template(args)
     if settings.idle_sleep_s <= 0 or engine_client is None:
         return
 
@@ -126,3 +129,9 @@ async def init_state(engine_client, state, settings) -> None:
 
 def sleeper_status() -> dict | None:
     return None if _SLEEPER is None else _SLEEPER.status()
+
+
+def status() -> dict:
+    """For the health route: the chat template family served in this API server and the idle-sleep state."""
+    return {"reuse_template": _TEMPLATE == reuse.REUSE_TEMPLATE, "template": _TEMPLATE or "model default",
+            "conversations_tracked": len(reuse.tracker()), "idle_sleep": sleeper_status()}

@@ -127,6 +127,9 @@ def test_reuse_metric_and_conversation_id_errors(demo_server):
     finally:
         store.close()
     assert len(recs) == 2 and recs[0].reuse_ratio is None and recs[1].reuse_ratio is not None
+    health = httpx.get(demo_server.base_url + "/qwen_ext/health", timeout=30).json()["kv_reuse"]
+    assert health["reuse_template"] is True and health["template"] == "qwen3-reuse"
+    assert health["conversations_tracked"] >= 2 and health["idle_sleep"] is None
 
 
 def test_idle_sleep_is_refused_on_the_cpu_build(tmp_path):
