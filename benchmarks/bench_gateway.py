@@ -1,40 +1,42 @@
 #!/usr/bin/env python
-"""Cost of the in-server gateway: the same load against the demo server with the gateway ON and OFF, in one run.
+"""Cost of the in-server gateway: the same load against two demo servers, gateway ON and OFF, interleaved.
 
-Each phase starts ONE fresh demo server (``python -m qwen_vllm_ext.serve`` on the CPU demo model
-``qwen3-demo``, its own fresh data dir, a free loopback port), waits for ``GET /health``, checks that the
-gateway really is on or off (``/qwen_ext/health`` settings; an unauthenticated request gets 401 when on, no
-``x-qwen-gateway-overhead-ms`` header when off), sends warm-up requests, then the measured load, and stops the
-server (its whole process group) before the next phase starts. Phases are interleaved (default
-``off,on,off``: the ON phase sits between two OFF phases, so a linear drift of the machine's speed cancels
-out in the ratio).
+Both servers run at the same time (``python -m qwen_vllm_ext.serve`` on the CPU demo model ``qwen3-demo``,
+each with its own fresh data dir and free loopback port). After ``GET /health``, a mode check (the gateway
+really is on or off: ``/qwen_ext/health`` settings; an unauthenticated request gets 401 when on, no
+``x-qwen-gateway-overhead-ms`` header when off) and a warm-up of each, the measured load is sent in many short
+*slices*, one server at a time, in ABBA order (ON,OFF, OFF,ON, ON,OFF, ...): each *pair* of adjacent slices
+sees the same machine conditions, so the machine's speed drift (other jobs on this 2-core machine) cancels in
+the per-pair ratio, and a linear drift cancels in the pooled ratio too.
 
-Load: closed loop, ``--concurrency`` workers (default 8) each sending the next request as soon as its previous
-one finished; ``--requests`` chat completions per phase (default 200, ``--quick`` 60), short mixed zh/en
-prompts (the same seeded sequence in every phase), ``max_tokens`` 16 with ``ignore_eos: true`` (every request
-decodes exactly 16 tokens; checked from ``usage``). With the gateway on, requests carry
-``Authorization: Bearer <secret>`` of a key created beforehand (``python -m qwen_vllm_ext.keys create``) with
-limits high enough that nothing is rate limited; with it off, a dummy bearer token of the same length is sent,
-so both phases put the same bytes on the wire.
+Load per slice: closed loop, ``--concurrency`` workers (default 8) each sending the next request as soon as its
+previous one finished, ``--slice-requests`` chat completions (default 160; ``--quick`` 64), short mixed zh/en
+prompts (the same seeded sequence for both servers), ``max_tokens`` 16 with ``ignore_eos: true`` (every request
+decodes exactly 16 tokens; checked from ``usage``). With the gateway on, requests carry ``Authorization: Bearer``
+of a key created beforehand (``python -m qwen_vllm_ext.keys create``) with limits high enough that nothing is
+rate limited; with it off, a dummy bearer token of the same length, so both put the same bytes on the wire.
 
-Reported per phase: requests, req/s and completion tokens/s (wall time from the first request sent to the last
-response), end-to-end latency p50/p99, and with the gateway on the gateway's own admission time per request
-from the ``x-qwen-gateway-overhead-ms`` response header (auth, body checks, exact prompt count, atomic
-reservation) p50/p99, and the CPU time of the server's processes per request (user + system, from /proc,
-over the measured load; the server's idle CPU is measured over 2 s after the load: if it busy-polled, this
-figure would track wall time too). The spike breaker is given a floor no benchmark reaches
-(``--qwen-spike-min-units 1e15``): it still runs on every request, but a fresh key's burst does not get it
-suspended. Headline: throughput ratio ON/OFF = mean req/s of the ON phases / mean req/s of the OFF
-phases, PASS when >= 0.97 (``--target``). Any failed request fails the run (exit 1), as does a ratio below the
-target (exit 1 too; the JSON says which).
+Headline: throughput ratio = ON req/s over all ON slices (requests / summed wall time) / OFF req/s over all OFF
+slices, PASS when >= ``--target`` (0.97) and no request failed. Also printed: the per-pair ratios (ON slice
+req/s / OFF slice req/s of the same pair) with their median, IQR and range -- the spread says how far a single
+figure can be trusted on this machine; the gateway's own admission time per request from the
+``x-qwen-gateway-overhead-ms`` header (auth, body checks, exact prompt count, atomic reservation) p50/p99;
+per slice the CPU time (user + system, /proc) per request of each server's processes split by role (API server,
+engine core, worker) and the engine steps per request (``vllm:iteration_tokens_total`` count from ``/metrics``:
+more steps per request = smaller batches); the CPU the *idle* server burns while the other one is loaded (if it
+busy-polled, running both at once would be unfair: the figure says); and the gateway's CPU per request measured
+in-process (real key store, SQLite limiter, spike breaker, calculator; no engine). The spike breaker is given a
+floor no benchmark reaches (``--qwen-spike-min-units 1e15``): it still runs on every request, but the key's burst
+does not get it suspended. Exit code 0 on PASS, 1 on a ratio below the target or any failed request, 2 when a
+server could not be started or checked, 130 when interrupted.
 
-    .venv/bin/python benchmarks/bench_gateway.py            # 3 phases x 200 requests, ~4 minutes on 2 cores
-    .venv/bin/python benchmarks/bench_gateway.py --quick    # 3 phases x 60 requests, ~3 minutes
-    .venv/bin/python benchmarks/bench_gateway.py --phases on,off,on --concurrency 16
+    .venv/bin/python benchmarks/bench_gateway.py            # 8 pairs x 2 slices x 160 requests, ~4 min on 2 cores
+    .venv/bin/python benchmarks/bench_gateway.py --quick    # 4 pairs x 2 slices x 64 requests
+    .venv/bin/python benchmarks/bench_gateway.py --pairs 12 --slice-requests 100 --concurrency 16
 
-Writes ``benchmarks/results/bench_gateway.json`` (``bench_gateway_quick.json`` with ``--quick``), a PNG of the
-latency CDFs on/off and of the gateway overhead when matplotlib is importable, and each server's log under
-``benchmarks/results/bench_gateway_logs/``.
+Writes ``benchmarks/results/bench_gateway.json`` (``bench_gateway_quick.json`` with ``--quick``), a PNG (latency
+CDFs on/off, gateway overhead CDF, req/s of every slice and the per-pair ratios over time) when matplotlib is
+importable, and both servers' logs under ``benchmarks/results/bench_gateway_logs/``.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ import json
 import os
 import platform
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -61,6 +64,7 @@ RESULTS = os.path.join(HERE, "results")
 MODEL = "qwen3-demo"
 OVERHEAD_HEADER = "x-qwen-gateway-overhead-ms"
 SEED = 20250611
+STEPS_METRIC = re.compile(r"^vllm:iteration_tokens_total_count\{[^}]*\}\s+([0-9.eE+]+)", re.M)
 
 ZH = [
     "用一句话介绍一下长城。", "今天天气怎么样？", "请把这句话翻译成英文：我喜欢喝茶。", "写一首关于秋天的短诗。",
@@ -99,7 +103,7 @@ def free_port() -> int:
 
 
 def prompts(n: int, seed: int) -> list[str]:
-    """The same seeded sequence of short mixed zh/en prompts for every phase (a number keeps them distinct)."""
+    """A seeded sequence of short mixed zh/en prompts (a number keeps them distinct)."""
     rng = random.Random(seed)
     pool = ZH + EN + MIXED
     return [f"{rng.choice(pool)} (#{i})" for i in range(n)]
@@ -200,6 +204,115 @@ def create_key(data_dir: str) -> str:
     return json.loads(out.stdout)["secret"]
 
 
+# ------------------------------------------------------------------------------------------------ server
+def role_of(comm: str) -> str:
+    """The role of one of a server's processes, from its name (vLLM titles its children)."""
+    if "EngineCor" in comm:
+        return "engine"
+    if "Worker" in comm:
+        return "worker"
+    return "api"  # the API server (and its helper processes, which stay near 0)
+
+
+class Server:
+    """One demo server in its own process group (start_new_session), always stopped with killpg."""
+
+    def __init__(self, gateway: bool, data_dir: str, log_path: str, extra: list[str]):
+        self.gateway = gateway
+        self.name = "on" if gateway else "off"
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        argv = [sys.executable, "-m", "qwen_vllm_ext.serve", "--host", "127.0.0.1", "--port", str(self.port),
+                "--qwen-data-dir", data_dir, "--qwen-gateway", "true" if gateway else "false",
+                # the spike breaker still observes every request (its cost is measured) but never trips: a
+                # benchmark's burst on a fresh key is exactly what it would suspend (403 api_key_suspended)
+                "--qwen-spike-min-units", "1e15", *extra]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU seconds of the live processes of this server's process group, by role (/proc)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {"api": 0.0, "engine": 0.0, "worker": 0.0}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            comm = stat[stat.find("(") + 1:stat.rfind(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == self.proc.pid:  # field 5 (pgrp) is index 2 after the comm field
+                out[role_of(comm)] += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        return out
+
+    def engine_steps(self) -> float | None:
+        """Engine iterations so far (the count of vLLM's ``vllm:iteration_tokens_total`` histogram)."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as r:
+                text = r.read().decode()
+        except (OSError, urllib.error.URLError):
+            return None
+        found = STEPS_METRIC.findall(text)
+        return sum(float(x) for x in found) if found else None
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def wait_healthy(self, timeout: float) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.proc.poll() is not None:
+                raise BenchError(f"gateway-{self.name} server exited with {self.proc.returncode} before becoming "
+                                 f"healthy; log tail:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return time.monotonic() - start
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.5)
+        raise BenchError(f"gateway-{self.name} server not healthy after {timeout:.0f}s; log tail:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        # the group may outlive its leader (engine core, workers): make sure nothing of it is left
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if not self._log.closed:
+            self._log.close()
+
+
+def create_key(data_dir: str) -> str:
+    env = dict(os.environ, QWEN_VLLM_EXT_DATA_DIR=data_dir)
+    out = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.keys", "create", "--name", "bench", "--json",
+                          "--rpm", "1000000", "--tpm", "1000000000"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise BenchError(f"keys create failed ({out.returncode}):\n{out.stderr}")
+    return json.loads(out.stdout)["secret"]
+
+
 # ------------------------------------------------------------------------------------------------ load
 async def run_load(base_url: str, token: str, texts: list[str], concurrency: int, max_tokens: int,
                    timeout: float) -> dict:
@@ -263,109 +376,120 @@ def check_mode(server: Server, token: str) -> None:
                                  f"(overhead header: {OVERHEAD_HEADER in r.headers}): {r.text[:200]}")
 
 
-def summarize(name: str, gateway: bool, load: dict, max_tokens: int) -> dict:
+# ------------------------------------------------------------------------------------------------ slices
+def slice_plan(pairs: int) -> list[tuple[int, str]]:
+    """(pair index, 'on'|'off') in ABBA order: ON,OFF, OFF,ON, ON,OFF, ..."""
+    plan = []
+    for p in range(pairs):
+        plan += [(p, m) for m in (("on", "off") if p % 2 == 0 else ("off", "on"))]
+    return plan
+
+
+def quiesce(server: Server, max_s: float, step_s: float = 0.25, idle_cores: float = 0.05) -> float:
+    """Wait (at most ``max_s``) until ``server`` uses under ``idle_cores`` over ``step_s``; returns seconds waited.
+    After a load the server still finishes work (engine steps of the last requests, reconciliation, ledger
+    writes): it is counted in that load's CPU, and it must not be counted as the idle server's CPU later."""
+    t0 = time.monotonic()
+    last = sum(server.cpu_seconds().values())
+    while time.monotonic() - t0 < max_s:
+        time.sleep(step_s)
+        now = sum(server.cpu_seconds().values())
+        if now - last < idle_cores * step_s:
+            break
+        last = now
+    return time.monotonic() - t0
+
+
+def run_slice(server: Server, other: Server, token: str, texts: list[str], args) -> dict:
+    """One slice of closed-loop load against ``server`` while ``other`` idles; CPU of both from /proc."""
+    steps0 = server.engine_steps()
+    cpu0, other0, t0 = server.cpu_seconds(), other.cpu_seconds(), time.monotonic()
+    load = asyncio.run(run_load(server.base_url, token, texts, args.concurrency, args.max_tokens,
+                                args.request_timeout))
+    tail = quiesce(server, args.settle)  # the server's work right after the last response counts too
+    cpu1, other1, span = server.cpu_seconds(), other.cpu_seconds(), time.monotonic() - t0
+    steps1 = server.engine_steps()
     res = load["results"]
     ok = [r for r in res if r["status"] == 200]
     bad = [r for r in res if r["status"] != 200]
-    short = [r for r in ok if r.get("completion_tokens") != max_tokens]
     lat_ms = [r["latency_s"] * 1000 for r in ok]
     ovh = [r["overhead_ms"] for r in ok if r["overhead_ms"] is not None]
-    tokens = sum(r.get("completion_tokens", 0) for r in ok)
     wall = load["wall_s"]
+    cpu = {role: cpu1[role] - cpu0[role] for role in cpu0}
     return {
-        "phase": name, "gateway": gateway, "requests": len(res), "ok": len(ok), "errors": len(bad),
-        "not_full_length": len(short), "wall_s": wall,
-        "req_per_s": len(ok) / wall if wall > 0 else 0.0,
-        "completion_tokens_per_s": tokens / wall if wall > 0 else 0.0,
-        "completion_tokens": tokens, "prompt_tokens": sum(r.get("prompt_tokens", 0) for r in ok),
-        "latency_ms": {"p50": percentile(lat_ms, 50), "p90": percentile(lat_ms, 90), "p99": percentile(lat_ms, 99),
-                       "mean": sum(lat_ms) / len(lat_ms) if lat_ms else None},
-        "overhead_ms": ({"p50": percentile(ovh, 50), "p90": percentile(ovh, 90), "p99": percentile(ovh, 99),
-                         "max": max(ovh), "mean": sum(ovh) / len(ovh), "n": len(ovh)} if ovh else None),
-        "server_cpu_s": load["server_cpu_s"], "server_idle_cpu_frac": load["server_idle_cpu_frac"],
-        "server_cpu_ms_per_request": load["server_cpu_s"] * 1000 / len(ok) if ok else None,
+        "server": server.name, "gateway": server.gateway, "requests": len(res), "ok": len(ok), "errors": len(bad),
+        "not_full_length": sum(1 for r in ok if r.get("completion_tokens") != args.max_tokens),
+        "wall_s": wall, "req_per_s": len(ok) / wall if wall > 0 else 0.0,
+        "completion_tokens": sum(r.get("completion_tokens", 0) for r in ok),
+        "prompt_tokens": sum(r.get("prompt_tokens", 0) for r in ok),
+        "latency_ms": {"p50": percentile(lat_ms, 50), "p99": percentile(lat_ms, 99)},
+        "overhead_ms": {"p50": percentile(ovh, 50), "p99": percentile(ovh, 99)} if ovh else None,
+        "server_cpu_s": cpu, "cpu_window_s": span,
+        "server_cpu_ms_per_request": {role: v * 1000 / len(ok) for role, v in cpu.items()} if ok else None,
+        "tail_s": tail,
+        "engine_steps": (steps1 - steps0) if steps0 is not None and steps1 is not None else None,
+        "other_server_cpu_cores": sum(other1[r] - other0[r] for r in other0) / span,
         "error_samples": [r.get("error") for r in bad[:5]],
         "raw_latency_ms": lat_ms, "raw_overhead_ms": ovh,
     }
 
 
-def run_phase(idx: int, gateway: bool, args, texts, warm_texts, logs_dir: str) -> dict:
-    name = f"{idx + 1}:{'on' if gateway else 'off'}"
-    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as data_dir:
-        token = create_key(data_dir) if gateway else None
-        log_path = os.path.join(logs_dir, f"phase{idx + 1}-{'on' if gateway else 'off'}.log")
-        log(f"phase {name}: starting server (gateway {'on' if gateway else 'off'}), log {os.path.relpath(log_path, ROOT)}")
-        t_start = time.monotonic()
-        server = Server(gateway, data_dir, log_path, args.server_arg)
-        try:
-            startup = server.wait_healthy(args.startup_timeout)
-            log(f"phase {name}: healthy after {startup:.1f}s on port {server.port}")
-            if token is None:
-                token = "qve-" + "x" * 40  # a dummy bearer of similar length, ignored without the gateway
-            check_mode(server, token)
-            warm = asyncio.run(run_load(server.base_url, token, warm_texts, args.concurrency, args.max_tokens,
-                                        args.request_timeout))
-            warm_bad = [r for r in warm["results"] if r["status"] != 200]
-            if warm_bad:
-                raise BenchError(f"phase {name}: {len(warm_bad)} warm-up requests failed: {warm_bad[0].get('error')}")
-            log(f"phase {name}: warm-up {len(warm_texts)} requests in {warm['wall_s']:.1f}s; measuring {len(texts)}")
-            cpu0 = server.cpu_seconds()
-            load = asyncio.run(run_load(server.base_url, token, texts, args.concurrency, args.max_tokens,
-                                        args.request_timeout))
-            load["server_cpu_s"] = server.cpu_seconds() - cpu0
-            time.sleep(1.0)
-            idle0 = server.cpu_seconds()
-            time.sleep(2.0)
-            idle_cpu = (server.cpu_seconds() - idle0) / 2.0  # busy-polling processes burn CPU even when idle
-            load["server_idle_cpu_frac"] = idle_cpu
-        finally:
-            server.stop()
-        summary = summarize(name, gateway, load, args.max_tokens)
-        summary["startup_s"] = startup
-        summary["phase_total_s"] = time.monotonic() - t_start
-        log(f"phase {name}: {summary['ok']}/{summary['requests']} ok, {summary['req_per_s']:.2f} req/s, "
-            f"p50 {fmt(summary['latency_ms']['p50'])} ms; server stopped")
-        return summary
-
-
-# ------------------------------------------------------------------------------------------------ report
-def table(phases: list[dict], on: dict, off: dict) -> str:
-    head = f"{'phase':<8}{'requests':>9}{'errors':>7}{'req/s':>8}{'tok/s':>8}{'lat p50 ms':>11}{'lat p99 ms':>11}" \
-           f"{'ovh p50 ms':>11}{'ovh p99 ms':>11}{'cpu ms/req':>11}"
-    lines = [head, "-" * len(head)]
-
-    def row(name, s):
-        o = s.get("overhead_ms") or {}
-        return (f"{name:<8}{s['requests']:>9}{s['errors']:>7}{s['req_per_s']:>8.2f}{s['completion_tokens_per_s']:>8.1f}"
-                f"{fmt(s['latency_ms']['p50']):>11}{fmt(s['latency_ms']['p99']):>11}"
-                f"{fmt(o.get('p50'), '.3f'):>11}{fmt(o.get('p99'), '.3f'):>11}"
-                f"{fmt(s['server_cpu_ms_per_request']):>11}")
-
-    for s in phases:
-        lines.append(row(s["phase"], s))
-    lines.append("-" * len(head))
-    lines.append(row("ON", on))
-    lines.append(row("OFF", off))
-    return "\n".join(lines)
-
-
-def pooled(phases: list[dict], gateway: bool) -> dict:
-    sel = [p for p in phases if p["gateway"] == gateway]
-    lat = [x for p in sel for x in p["raw_latency_ms"]]
-    ovh = [x for p in sel for x in p["raw_overhead_ms"]]
+def pooled(slices: list[dict], gateway: bool) -> dict:
+    sel = [s for s in slices if s["gateway"] == gateway]
+    ok = sum(s["ok"] for s in sel)
+    wall = sum(s["wall_s"] for s in sel)
+    lat = [x for s in sel for x in s["raw_latency_ms"]]
+    ovh = [x for s in sel for x in s["raw_overhead_ms"]]
+    cpu = {role: sum(s["server_cpu_s"][role] for s in sel) for role in ("api", "engine", "worker")}
+    steps = [s["engine_steps"] for s in sel]
     return {
-        "phases": [p["phase"] for p in sel], "requests": sum(p["requests"] for p in sel),
-        "errors": sum(p["errors"] for p in sel),
-        "req_per_s": sum(p["req_per_s"] for p in sel) / len(sel),  # mean over phases
-        "completion_tokens_per_s": sum(p["completion_tokens_per_s"] for p in sel) / len(sel),
-        "server_cpu_ms_per_request": sum(p["server_cpu_ms_per_request"] for p in sel) / len(sel),
+        "slices": len(sel), "requests": sum(s["requests"] for s in sel), "ok": ok,
+        "errors": sum(s["errors"] for s in sel), "wall_s": wall,
+        "req_per_s": ok / wall if wall else 0.0,
+        "completion_tokens_per_s": sum(s["completion_tokens"] for s in sel) / wall if wall else 0.0,
         "latency_ms": {"p50": percentile(lat, 50), "p99": percentile(lat, 99)},
         "overhead_ms": ({"p50": percentile(ovh, 50), "p99": percentile(ovh, 99), "n": len(ovh)} if ovh else None),
+        "server_cpu_ms_per_request": {**{r: v * 1000 / ok for r, v in cpu.items()},
+                                      "total": sum(cpu.values()) * 1000 / ok} if ok else None,
+        "engine_steps_per_request": (sum(steps) / ok) if ok and None not in steps else None,
+        "idle_cpu_cores_while_other_loaded": None,  # filled in by main (measured on the other server's slices)
         "raw_latency_ms": lat, "raw_overhead_ms": ovh,
     }
 
 
-def plot(path: str, on: dict, off: dict, title: str) -> bool:
+def pair_ratios(slices: list[dict]) -> list[float]:
+    by_pair: dict[int, dict[str, float]] = {}
+    for s in slices:
+        by_pair.setdefault(s["pair"], {})[s["server"]] = s["req_per_s"]
+    return [p["on"] / p["off"] for _i, p in sorted(by_pair.items()) if p.get("off") and "on" in p]
+
+
+# ------------------------------------------------------------------------------------------------ report
+def table(slices: list[dict], on: dict, off: dict) -> str:
+    head = (f"{'slice':<10}{'req':>5}{'err':>4}{'req/s':>7}{'lat p50':>8}{'lat p99':>8}{'ovh p50':>8}{'ovh p99':>8}"
+            f"{'cpu ms/req api+engine+worker':>31}{'steps/req':>10}{'idle other':>11}")
+    lines = [head, "-" * len(head)]
+
+    def row(name, s, steps, idle):
+        o = s.get("overhead_ms") or {}
+        c = s["server_cpu_ms_per_request"] or {}
+        split = f"{sum(c.get(r, 0) for r in ('api', 'engine', 'worker')):.1f} = {c.get('api', 0):.1f}+" \
+                f"{c.get('engine', 0):.1f}+{c.get('worker', 0):.1f}"
+        return (f"{name:<10}{s['requests']:>5}{s['errors']:>4}{s['req_per_s']:>7.2f}"
+                f"{fmt(s['latency_ms']['p50'], '.0f'):>8}{fmt(s['latency_ms']['p99'], '.0f'):>8}"
+                f"{fmt(o.get('p50'), '.2f'):>8}{fmt(o.get('p99'), '.2f'):>8}{split:>31}"
+                f"{fmt(steps, '.2f'):>10}{fmt(idle, '.3f'):>11}")
+
+    for s in slices:
+        steps = s["engine_steps"] / s["ok"] if s["engine_steps"] is not None and s["ok"] else None
+        lines.append(row(f"{s['pair'] + 1}:{s['server']}", s, steps, s["other_server_cpu_cores"]))
+    lines.append("-" * len(head))
+    for name, p in (("ON", on), ("OFF", off)):
+        lines.append(row(name, p, p["engine_steps_per_request"], p["idle_cpu_cores_while_other_loaded"]))
+    return "\n".join(lines)
+
+
+def plot(path: str, slices: list[dict], on: dict, off: dict, ratios: list[float], title: str) -> bool:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -373,7 +497,7 @@ def plot(path: str, on: dict, off: dict, title: str) -> bool:
         import numpy as np
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     ax = axes[0]
     for label, data, color in (("gateway off", off["raw_latency_ms"], "tab:blue"),
                                ("gateway on", on["raw_latency_ms"], "tab:orange")):
@@ -391,10 +515,25 @@ def plot(path: str, on: dict, off: dict, title: str) -> bool:
         ys = np.arange(1, len(xs) + 1) / len(xs)
         ax.step(xs, ys, where="post", color="tab:orange",
                 label=f"p50 {np.percentile(xs, 50):.3f} ms, p99 {np.percentile(xs, 99):.3f} ms")
+        ax.set_xscale("log")
         ax.legend(loc="lower right")
     ax.set_xlabel(f"gateway admission time ({OVERHEAD_HEADER}, ms)")
     ax.set_ylabel("fraction of requests")
     ax.set_title("Gateway overhead per request CDF")
+    ax.grid(alpha=0.3)
+    ax = axes[2]
+    for name, color in (("on", "tab:orange"), ("off", "tab:blue")):
+        idx = [i for i, s in enumerate(slices) if s["server"] == name]
+        ax.plot(idx, [slices[i]["req_per_s"] for i in idx], "o", color=color, label=f"gateway {name} slice req/s")
+    ax.set_xlabel("slice (time order, ABBA)")
+    ax.set_ylabel("req/s")
+    ax2 = ax.twinx()
+    ax2.plot([2 * i + 0.5 for i in range(len(ratios))], ratios, "k_-", ms=14, label="pair ratio ON/OFF")
+    ax2.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax2.set_ylabel("pair ratio ON/OFF")
+    ax.set_title("Slices and per-pair ratios")
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="lower left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
@@ -414,10 +553,12 @@ def git_commit() -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ main
-def gateway_cpu_ms_per_request(n: int = 500) -> float:
+def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
     """CPU milliseconds (all threads) the gateway middleware spends per admitted request, in-process, with the
     real key store, SQLite limiter, spike breaker and calculator in front of a no-op app: the gateway's cost
-    without the engine's noise."""
+    without the engine's noise. ``history``: that many earlier requests of the key are first put in its 15-minute
+    spike window (and, up to one minute's worth at the same rate, in its RPM/TPM windows), as on a busy server
+    (30 req/s for 15 minutes = 27,000): the per-request cost must not grow with the windows' contents."""
     import asyncio
     import tempfile
     import types
@@ -437,6 +578,13 @@ def gateway_cpu_ms_per_request(n: int = 500) -> float:
     secret, _ = keys.create("bench", rpm=10**9, tpm=10**12)
     limiter = SqliteLimiter(os.path.join(d, "limiter.sqlite3"))
     breaker = SpikeBreaker(settings, limiter, keys, SqliteLedgerStore(os.path.join(d, "ledger.sqlite3")))
+    if history:
+        from qwen_vllm_ext.gateway.spike import UNBOUNDED, WINDOW_S
+        key = keys.authenticate(secret)
+        for i in range(history):
+            limiter.reserve([(f"spike:{key.key_id}", UNBOUNDED, WINDOW_S, 33_600_000)])
+            if i < history * 60 // int(WINDOW_S):
+                limiter.reserve([(f"key:{key.key_id}:rpm", 10**9, 60.0, 1), (f"key:{key.key_id}:tpm", 10**12, 60.0, 40)])
     record = types.SimpleNamespace(engine_prompt_tokens=12, completion_tokens=16, billed_total_micro=33_600_000)
 
     async def app(scope, receive, send):
@@ -447,7 +595,7 @@ def gateway_cpu_ms_per_request(n: int = 500) -> float:
             callback(record)
 
     gateway = GatewayMiddleware(app, settings=settings, keys=KeyCache(keys), limiter=limiter,
-                                policy=get_policy("default"), on_spike=breaker.observe)
+                                policy=get_policy("default"), on_spike=breaker.observe_sync)
     state = types.SimpleNamespace(qwen_vllm_ext_calculator=Calculator(), qwen_max_model_len=4096)
     texts = prompts(64, SEED)
 
@@ -480,35 +628,90 @@ def gateway_cpu_ms_per_request(n: int = 500) -> float:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="60 requests per phase, 24 warm-up requests")
-    p.add_argument("--requests", type=int, help="measured requests per phase (default 200; --quick 60)")
-    p.add_argument("--warmup", type=int, help="warm-up requests per phase (default 48; --quick 24)")
+    p.add_argument("--quick", action="store_true", help="4 pairs of 64-request slices, 24 warm-up requests")
+    p.add_argument("--pairs", type=int, help="ON/OFF slice pairs, in ABBA order (default 8; --quick 4)")
+    p.add_argument("--slice-requests", type=int, help="measured requests per slice (default 160; --quick 64)")
+    p.add_argument("--warmup", type=int, help="warm-up requests per server (default 48; --quick 24)")
     p.add_argument("--concurrency", type=int, default=8, help="closed-loop concurrency (default 8)")
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens per request, with ignore_eos (default 16)")
-    p.add_argument("--phases", default="off,on,off",
-                   help="comma-separated order of phases, each 'on' or 'off' (default off,on,off)")
+    p.add_argument("--settle", type=float, default=5.0,
+                   help="at most this many seconds after a slice's last response for the server to go idle; that "
+                        "tail is counted in the slice's CPU, not in the wall time (default 5)")
     p.add_argument("--target", type=float, default=0.97, help="minimum throughput ratio ON/OFF (default 0.97)")
-    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for /health")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for the server (repeatable), e.g. --server-arg=--qwen-ledger=false")
+                   help="extra argument for both servers (repeatable), e.g. --server-arg=--qwen-ledger=false")
+    p.add_argument("--history", type=int, default=27000,
+                   help="also measure the in-process gateway CPU after this many earlier requests of the key in its "
+                        "15-minute spike window (default 27000 = 30 req/s for 15 min; 0: skip)")
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--output", help="JSON path (default benchmarks/results/bench_gateway[_quick].json)")
     args = p.parse_args(argv)
-    args.requests = args.requests or (60 if args.quick else 200)
+    args.pairs = args.pairs or (4 if args.quick else 8)
+    args.slice_requests = args.slice_requests or (64 if args.quick else 160)
     args.warmup = args.warmup if args.warmup is not None else (24 if args.quick else 48)
-    args.phase_list = [x.strip().lower() for x in args.phases.split(",") if x.strip()]
-    if not args.phase_list or any(x not in ("on", "off") for x in args.phase_list):
-        p.error("--phases: comma-separated 'on'/'off'")
-    if "on" not in args.phase_list or "off" not in args.phase_list:
-        p.error("--phases needs at least one 'on' and one 'off' phase")
-    if args.concurrency < 1 or args.requests < 1:
-        p.error("--concurrency and --requests must be positive")
+    if args.concurrency < 1 or args.slice_requests < 1 or args.pairs < 1:
+        p.error("--concurrency, --slice-requests and --pairs must be positive")
     return args
 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def measure(args, logs_dir: str) -> tuple[list[dict], dict]:
+    """Start both servers at once, check and warm them, run the ABBA slices; always stop both servers."""
+    info: dict = {}
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-on-") as on_dir, \
+            tempfile.TemporaryDirectory(prefix="bench-gateway-off-") as off_dir:
+        token_on = create_key(on_dir)
+        token_off = "qve-" + "x" * (len(token_on) - 4)  # same length, ignored without the gateway
+        servers: dict[str, Server] = {}
+        try:
+            for name, d in (("on", on_dir), ("off", off_dir)):
+                servers[name] = Server(name == "on", d, os.path.join(logs_dir, f"server-{name}.log"), args.server_arg)
+            log(f"started both servers (on: port {servers['on'].port}, off: port {servers['off'].port}); "
+                f"waiting for /health")
+            t0 = time.monotonic()
+            for name in ("on", "off"):
+                servers[name].wait_healthy(args.startup_timeout - (time.monotonic() - t0))
+            info["startup_s"] = time.monotonic() - t0
+            log(f"both healthy after {info['startup_s']:.0f}s")
+            tokens = {"on": token_on, "off": token_off}
+            for name in ("on", "off"):
+                check_mode(servers[name], tokens[name])
+            warm = prompts(args.warmup, args.seed - 1) if args.warmup else []
+            for name in ("on", "off"):
+                if warm:
+                    w = asyncio.run(run_load(servers[name].base_url, tokens[name], warm, args.concurrency,
+                                             args.max_tokens, args.request_timeout))
+                    failed = [r for r in w["results"] if r["status"] != 200]
+                    if failed:
+                        raise BenchError(f"gateway-{name}: {len(failed)} warm-up requests failed: "
+                                         f"{failed[0].get('error')}")
+            # idle baseline: both servers idle, before any measured load
+            for name in ("on", "off"):
+                quiesce(servers[name], args.settle)
+            c0 = {n: servers[n].cpu_seconds() for n in servers}
+            time.sleep(2.0)
+            info["idle_cpu_cores_both_idle"] = {n: sum(servers[n].cpu_seconds().values()) - sum(c0[n].values())
+                                                for n in servers}
+            info["idle_cpu_cores_both_idle"] = {n: v / 2.0 for n, v in info["idle_cpu_cores_both_idle"].items()}
+            slices = []
+            for i, (pair, name) in enumerate(slice_plan(args.pairs)):
+                texts = prompts(args.slice_requests, args.seed + pair)  # both slices of a pair: the same prompts
+                other = servers["off" if name == "on" else "on"]
+                s = run_slice(servers[name], other, tokens[name], texts, args)
+                s["pair"], s["index"] = pair, i
+                slices.append(s)
+                log(f"slice {i + 1}/{2 * args.pairs} pair {pair + 1} gateway {name}: {s['ok']}/{s['requests']} ok, "
+                    f"{s['req_per_s']:.2f} req/s, p50 {fmt(s['latency_ms']['p50'], '.0f')} ms, other server "
+                    f"{s['other_server_cpu_cores']:.3f} cores")
+        finally:
+            for s in servers.values():
+                s.stop()
+    return slices, info
 
 
 def main(argv=None) -> int:
@@ -523,15 +726,14 @@ def main(argv=None) -> int:
 
     gateway_cpu = gateway_cpu_ms_per_request()
     log(f"gateway CPU per request (in-process, no engine): {gateway_cpu:.3f} ms")
-    texts = prompts(args.requests, args.seed)
-    warm_texts = prompts(args.warmup, args.seed + 1) if args.warmup else []
+    gateway_cpu_busy = gateway_cpu_ms_per_request(history=args.history) if args.history else None
+    if gateway_cpu_busy is not None:
+        log(f"same, after {args.history} earlier requests of the key in its windows: {gateway_cpu_busy:.3f} ms")
     t0 = time.monotonic()
-    log(f"bench_gateway: phases {','.join(args.phase_list)}, {args.requests} requests/phase "
-        f"(+{args.warmup} warm-up), concurrency {args.concurrency}, max_tokens {args.max_tokens} (ignore_eos)")
-    phases = []
+    log(f"bench_gateway: both servers at once, {args.pairs} ABBA pairs of {args.slice_requests}-request slices "
+        f"(+{args.warmup} warm-up each), concurrency {args.concurrency}, max_tokens {args.max_tokens} (ignore_eos)")
     try:
-        for idx, mode in enumerate(args.phase_list):
-            phases.append(run_phase(idx, mode == "on", args, texts, warm_texts, logs_dir))
+        slices, info = measure(args, logs_dir)
     except KeyboardInterrupt:
         log("interrupted: servers stopped")
         return 130
@@ -540,67 +742,83 @@ def main(argv=None) -> int:
         return 2
     total = time.monotonic() - t0
 
-    on, off = pooled(phases, True), pooled(phases, False)
+    on, off = pooled(slices, True), pooled(slices, False)
+    # the idle server's CPU while the other one was loaded (OFF idles during ON slices and vice versa)
+    on["idle_cpu_cores_while_other_loaded"] = sum(s["other_server_cpu_cores"] for s in slices if not s["gateway"]) \
+        / max(1, off["slices"])
+    off["idle_cpu_cores_while_other_loaded"] = sum(s["other_server_cpu_cores"] for s in slices if s["gateway"]) \
+        / max(1, on["slices"])
     ratio = on["req_per_s"] / off["req_per_s"] if off["req_per_s"] else 0.0
-    tok_ratio = on["completion_tokens_per_s"] / off["completion_tokens_per_s"] if off["completion_tokens_per_s"] else 0.0
-    cpu_ratio = on["server_cpu_ms_per_request"] / off["server_cpu_ms_per_request"] \
-        if off["server_cpu_ms_per_request"] else 0.0
-    errors = sum(p["errors"] for p in phases)
-    not_full = sum(p["not_full_length"] for p in phases)
-    passed = ratio >= args.target and errors == 0
+    ratios = pair_ratios(slices)
+    r_med, r_q1, r_q3 = (percentile(ratios, q) for q in (50, 25, 75))
+    cpu_on, cpu_off = on["server_cpu_ms_per_request"], off["server_cpu_ms_per_request"]
+    cpu_ratio = cpu_on["total"] / cpu_off["total"] if cpu_on and cpu_off and cpu_off["total"] else 0.0
+    errors = on["errors"] + off["errors"]
+    not_full = sum(s["not_full_length"] for s in slices)
+    passed = ratio >= args.target and errors == 0 and not_full == 0
+    idle_max = max(on["idle_cpu_cores_while_other_loaded"], off["idle_cpu_cores_while_other_loaded"])
 
-    print(f"Gateway ON vs OFF: demo server ({MODEL}, CPU, {os.cpu_count()} cores), closed loop concurrency "
-          f"{args.concurrency}, {args.requests} requests/phase (+{args.warmup} warm-up), max_tokens "
-          f"{args.max_tokens} ignore_eos, phases {','.join(args.phase_list)}")
-    print(table(phases, on, off))
-    print("ON/OFF: mean req/s of the ON phases / mean req/s of the OFF phases; latency and overhead pooled; "
-          "cpu ms/req: CPU time of the server's processes per request")
+    print(f"Gateway ON vs OFF: two demo servers ({MODEL}, CPU, {os.cpu_count()} cores) up at once, {args.pairs} ABBA "
+          f"pairs of {args.slice_requests}-request slices, closed loop concurrency {args.concurrency}, max_tokens "
+          f"{args.max_tokens} ignore_eos")
+    print(table(slices, on, off))
+    print("req/s: requests / wall time of the slice (pooled: over all slices of that server); lat/ovh in ms; cpu: "
+          "server CPU ms per request by process (incl. its tail after the last response); steps/req: engine "
+          "iterations per request; idle other: CPU cores the other (idle) server used meanwhile (ON/OFF rows: that "
+          "server while the other one was loaded)")
     if on["overhead_ms"]:
         print(f"gateway overhead per request ({OVERHEAD_HEADER}, n={on['overhead_ms']['n']}): "
               f"p50 {on['overhead_ms']['p50']:.3f} ms, p99 {on['overhead_ms']['p99']:.3f} ms")
     print(f"latency p50/p99: on {on['latency_ms']['p50']:.1f}/{on['latency_ms']['p99']:.1f} ms, "
           f"off {off['latency_ms']['p50']:.1f}/{off['latency_ms']['p99']:.1f} ms")
-    p50_ratio = off["latency_ms"]["p50"] / on["latency_ms"]["p50"] if on["latency_ms"]["p50"] else 0.0
-    print(f"stall-robust estimate (closed loop: req/s ~ concurrency / latency): p50 latency OFF/ON "
-          f"{p50_ratio:.3f}")
-    print(f"server CPU per request: on {on['server_cpu_ms_per_request']:.1f} ms, off "
-          f"{off['server_cpu_ms_per_request']:.1f} ms (ON/OFF {cpu_ratio:.3f}); idle server CPU "
-          f"{', '.join(format(p['server_idle_cpu_frac'], '.2f') for p in phases)} cores per phase (when well above "
-          f"0, the server burns CPU while idle and CPU time tracks wall time)")
-    spread = [p["req_per_s"] for p in phases if not p["gateway"]]
-    if len(spread) > 1:
-        print(f"OFF phases req/s spread: {min(spread):.2f}..{max(spread):.2f} "
-              f"({(max(spread) - min(spread)) / (sum(spread) / len(spread)) * 100:.0f}% of their mean: run-to-run noise)")
-    estimate = off["server_cpu_ms_per_request"] / (off["server_cpu_ms_per_request"] + gateway_cpu) \
-        if off["server_cpu_ms_per_request"] else 0.0
+    print(f"server CPU per request: on {cpu_on['total']:.1f} ms (api {cpu_on['api']:.1f}, engine {cpu_on['engine']:.1f}, "
+          f"worker {cpu_on['worker']:.1f}), off {cpu_off['total']:.1f} ms (api {cpu_off['api']:.1f}, engine "
+          f"{cpu_off['engine']:.1f}, worker {cpu_off['worker']:.1f}); ON/OFF {cpu_ratio:.3f}; engine steps per "
+          f"request on {fmt(on['engine_steps_per_request'], '.2f')}, off {fmt(off['engine_steps_per_request'], '.2f')}")
+    print(f"idle server CPU while the other was loaded: on {on['idle_cpu_cores_while_other_loaded']:.3f}, off "
+          f"{off['idle_cpu_cores_while_other_loaded']:.3f} cores (both idle: "
+          f"{', '.join(f'{n} {v:.3f}' for n, v in info['idle_cpu_cores_both_idle'].items())}); "
+          + ("no busy-polling: running both at once is fair" if idle_max < 0.05 else
+             "WARNING: an idle server burns CPU, so the loaded one competes with it: the comparison is skewed"))
+    estimate = cpu_off["total"] / (cpu_off["total"] + gateway_cpu) if cpu_off and cpu_off["total"] else 0.0
     print(f"gateway CPU per request, in-process with real keys/limiter/SQLite and no engine: {gateway_cpu:.3f} ms; "
-          f"against {off['server_cpu_ms_per_request']:.1f} ms of server CPU per request (OFF) that bounds the "
-          f"throughput ratio at {estimate:.3f} on a CPU-bound server")
+          f"against {cpu_off['total']:.1f} ms of server CPU per request (OFF) that bounds the throughput ratio at "
+          f"{estimate:.3f} on a CPU-bound server"
+          + (f"; with {args.history} earlier requests of the key in its windows: {gateway_cpu_busy:.3f} ms"
+             if gateway_cpu_busy is not None else ""))
+    print(f"per-pair ratios ON/OFF (n={len(ratios)}): median {r_med:.3f}, IQR {r_q1:.3f}..{r_q3:.3f}, range "
+          f"{min(ratios):.3f}..{max(ratios):.3f}")
     if errors or not_full:
         print(f"errors: {errors} failed requests, {not_full} responses without exactly {args.max_tokens} tokens")
-    print(f"throughput ratio ON/OFF: {ratio:.3f} req/s ({tok_ratio:.3f} tokens/s), target >= {args.target:.2f}: "
-          f"{'PASS' if passed else 'FAIL'}{'' if errors == 0 else ' (failed requests)'}")
+    print(f"throughput ratio ON/OFF: {ratio:.3f} (ON {on['req_per_s']:.2f} req/s over {on['slices']} slices, OFF "
+          f"{off['req_per_s']:.2f} req/s over {off['slices']}), target >= {args.target:.2f}: "
+          f"{'PASS' if passed else 'FAIL'}{'' if errors == 0 and not_full == 0 else ' (failed requests)'}")
 
     report = {
         "benchmark": "bench_gateway", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "config": {"model": MODEL, "phases": args.phase_list, "requests_per_phase": args.requests,
-                   "warmup_per_phase": args.warmup, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-                   "ignore_eos": True, "target": args.target, "seed": args.seed, "server_args": args.server_arg,
+        "config": {"model": MODEL, "design": "both servers up at once, ABBA slices", "pairs": args.pairs,
+                   "slice_requests": args.slice_requests, "warmup_per_server": args.warmup,
+                   "concurrency": args.concurrency, "max_tokens": args.max_tokens, "ignore_eos": True,
+                   "settle_s": args.settle, "history": args.history, "target": args.target, "seed": args.seed, "server_args": args.server_arg,
                    "quick": args.quick},
         "environment": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "platform": platform.platform(), "git": git_commit()},
-        "ratio_req_per_s": ratio, "ratio_tokens_per_s": tok_ratio, "gateway_cpu_ms_per_request": gateway_cpu,
-        "cpu_bound_ratio_estimate": estimate,
-        "ratio_server_cpu_per_request": cpu_ratio, "ratio_p50_latency_off_on": p50_ratio, "pass": passed, "errors": errors,
-        "not_full_length": not_full, "total_s": total,
+                        "platform": platform.platform(), "git": git_commit(),
+                        "loadavg_at_end": os.getloadavg()},
+        "ratio_req_per_s": ratio, "pair_ratios": ratios,
+        "pair_ratio_median": r_med, "pair_ratio_iqr": [r_q1, r_q3],
+        "gateway_cpu_ms_per_request": gateway_cpu, "cpu_bound_ratio_estimate": estimate,
+        "gateway_cpu_ms_per_request_with_history": gateway_cpu_busy, "history_requests": args.history,
+        "ratio_server_cpu_per_request": cpu_ratio, "pass": passed, "errors": errors, "not_full_length": not_full,
+        "total_s": total, **info,
         "on": {k: v for k, v in on.items() if not k.startswith("raw_")},
         "off": {k: v for k, v in off.items() if not k.startswith("raw_")},
-        "phases": phases,
+        "slices": [{k: v for k, v in s.items() if not k.startswith("raw_")} for s in slices],
     }
     with open(out_json, "w") as f:
         json.dump(report, f, indent=2)
-    made_png = plot(out_png, on, off, f"gateway on/off, {args.requests} req/phase, concurrency {args.concurrency}, "
-                                      f"ratio {ratio:.3f}")
+    made_png = plot(out_png, slices, on, off, ratios,
+                    f"gateway on/off, {args.pairs} ABBA pairs x {args.slice_requests} req, concurrency "
+                    f"{args.concurrency}: ratio {ratio:.3f}, pair median {r_med:.3f} (IQR {r_q1:.3f}..{r_q3:.3f})")
     print(f"wrote {os.path.relpath(out_json, ROOT)}" + (f" and {os.path.relpath(out_png, ROOT)}" if made_png else "")
           + f"; total {total:.0f}s")
     return 0 if passed else 1

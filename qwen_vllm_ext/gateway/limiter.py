@@ -36,7 +36,9 @@ Backends with identical semantics (one test suite runs against each):
 * :class:`MemoryLimiter` -- one process (tests, single-process servers); a lock around every operation.
 * :class:`SqliteLimiter` -- the embedded backend, one file shared by several API-server processes on one
   host: one ``BEGIN IMMEDIATE`` transaction per operation, WAL, ``synchronous=NORMAL`` (limiter state need
-  not survive a crash); expired rows are pruned as they are met and by a periodic sweep.
+  not survive a crash); expired rows are pruned as they are met and by a periodic sweep. A running sum per
+  descriptor (``rl_sum``, kept in the same transactions) makes a reservation cost O(log n) plus the expired
+  rows it prunes, not a scan of the window (a 15-minute spike window at 30 req/s holds 27,000 rows).
 * :class:`RedisLimiter` -- shared by replicas: one Lua script call per operation, timed with Redis ``TIME``
   (or an injected clock, for tests). Per descriptor a sorted set (member = reservation id, score = time in
   microseconds), a hash of costs and a maintained running sum, so a reservation is O(log n) plus the
@@ -50,6 +52,7 @@ window (the memory backend's log is kept in arrival order). All costs and limits
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 import threading
@@ -116,8 +119,20 @@ def _now_us(clock: Clock) -> int:
     return round(clock() * US)
 
 
+_id_state: tuple = (None, "", itertools.count())   # (pid, random prefix, counter): replaced as one value
+_id_lock = threading.Lock()
+
+
 def _new_id() -> str:
-    return uuid.uuid4().hex
+    """A unique id (32 hex chars): a random per-process prefix and a counter (cheaper than a uuid4 per call)."""
+    global _id_state
+    pid, prefix, count = _id_state
+    if pid != os.getpid():   # first call, or a forked child: a fresh prefix with its own counter
+        with _id_lock:
+            if _id_state[0] != os.getpid():
+                _id_state = (os.getpid(), uuid.uuid4().hex[:16], itertools.count())
+            pid, prefix, count = _id_state
+    return f"{prefix}{next(count):016x}"
 
 
 def _window_decision(its: _Items, now: int, rid: str, rows: Sequence[tuple[int, int, int]]) -> Decision:
@@ -389,6 +404,7 @@ class MemoryLimiter(_LocalLimiter):
         self._qres.setdefault(rid, {})[d] = [cost, exp]
 
 
+_SUM_TABLE = "CREATE TABLE IF NOT EXISTS rl_sum (d TEXT PRIMARY KEY, total INTEGER NOT NULL) WITHOUT ROWID"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rl_log (rid TEXT NOT NULL, d TEXT NOT NULL, exp INTEGER NOT NULL,
     cost INTEGER NOT NULL, PRIMARY KEY (rid, d)) WITHOUT ROWID;
@@ -416,6 +432,10 @@ class SqliteLimiter(_LocalLimiter):
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         self._db.execute(stmt)
+                if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'rl_sum'").fetchone():
+                    # a file from before the running sums: build them once from the log
+                    self._db.execute(_SUM_TABLE)
+                    self._db.execute("INSERT INTO rl_sum (d, total) SELECT d, SUM(cost) FROM rl_log GROUP BY d")
         except (sqlite3.Error, OSError) as exc:
             raise LimiterUnavailable(f"cannot open the SQLite limiter {self.path}: {exc}") from exc
 
@@ -438,8 +458,7 @@ class SqliteLimiter(_LocalLimiter):
                     now = _now_us(self._clock)   # read under the write lock: ordered across processes
                     self._ops += 1
                     if self._ops % _SWEEP_EVERY == 0:
-                        for table in ("rl_log", "rl_quota", "rl_quota_res", "rl_slot"):
-                            self._db.execute(f"DELETE FROM {table} WHERE exp <= ?", (now,))
+                        self._sweep(now)
                     yield now
                     self._db.execute("COMMIT")
                 except BaseException:
@@ -452,10 +471,25 @@ class SqliteLimiter(_LocalLimiter):
     def _x(self, sql, *args):
         return self._db.execute(sql, args)
 
+    def _sweep(self, now):
+        self._x("UPDATE rl_sum SET total = total - (SELECT COALESCE(SUM(cost), 0) FROM rl_log "
+                "WHERE rl_log.d = rl_sum.d AND exp <= ?)", now)
+        for table in ("rl_log", "rl_quota", "rl_quota_res", "rl_slot"):
+            self._x(f"DELETE FROM {table} WHERE exp <= ?", now)
+        self._x("DELETE FROM rl_sum WHERE NOT EXISTS (SELECT 1 FROM rl_log WHERE rl_log.d = rl_sum.d)")
+
     def _w_state(self, d, now):
-        self._x("DELETE FROM rl_log WHERE d = ? AND exp <= ?", d, now)
-        return tuple(self._x("SELECT COALESCE(SUM(cost), 0), COALESCE(MAX(exp), 0) FROM rl_log WHERE d = ?",
-                             d).fetchone())
+        # index range scans only: the expired rows (pruned, subtracted from the running sum) and the newest row
+        expired, count = self._x("SELECT COALESCE(SUM(cost), 0), COUNT(*) FROM rl_log WHERE d = ? AND exp <= ?",
+                                 d, now).fetchone()
+        if count:
+            self._x("DELETE FROM rl_log WHERE d = ? AND exp <= ?", d, now)
+            self._x("UPDATE rl_sum SET total = total - ? WHERE d = ?", expired, d)
+        newest = self._x("SELECT MAX(exp) FROM rl_log WHERE d = ?", d).fetchone()[0]
+        if newest is None:
+            self._x("DELETE FROM rl_sum WHERE d = ?", d)
+            return 0, 0
+        return self._x("SELECT total FROM rl_sum WHERE d = ?", d).fetchone()[0], newest
 
     def _w_free_at(self, d, need):
         freed = 0
@@ -467,6 +501,8 @@ class SqliteLimiter(_LocalLimiter):
 
     def _w_add(self, d, rid, exp, cost):
         self._x("INSERT INTO rl_log (rid, d, exp, cost) VALUES (?, ?, ?, ?)", rid, d, exp, cost)
+        self._x("INSERT INTO rl_sum (d, total) VALUES (?, ?) ON CONFLICT (d) DO UPDATE SET total = total + "
+                "excluded.total", d, cost)
 
     def _w_get(self, rid, now):
         return dict(self._x("SELECT d, cost FROM rl_log WHERE rid = ? AND exp > ?", rid, now).fetchall())
@@ -476,6 +512,7 @@ class SqliteLimiter(_LocalLimiter):
             self._x("UPDATE rl_log SET cost = ? WHERE rid = ? AND d = ?", cost, rid, d)
         else:
             self._x("DELETE FROM rl_log WHERE rid = ? AND d = ?", rid, d)
+        self._x("UPDATE rl_sum SET total = total + ? WHERE d = ?", cost - old, d)
 
     def _s_count(self, d, now):
         self._x("DELETE FROM rl_slot WHERE d = ? AND exp <= ?", d, now)

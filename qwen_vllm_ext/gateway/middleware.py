@@ -102,7 +102,7 @@ class GatewayMiddleware:
         self.keys = keys  # KeyCache
         self.limiter = limiter
         self.policy = policy
-        self.on_spike = on_spike  # SpikeBreaker.observe(key, record) or None
+        self.on_spike = on_spike  # SpikeBreaker.observe_sync(key, record) (run on a worker thread) or None
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
@@ -111,8 +111,9 @@ class GatewayMiddleware:
         started = time.perf_counter()
         try:
             key = await self._authenticate(scope)
-        except Rejection as rej:
-            return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param))
+        except Rejection as rej:  # (its headers: Retry-After when the key store is unavailable)
+            return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
+                                 rej.headers)
         scope.setdefault("state", {})["qwen_api_key_id"] = key.key_id
         kind = GENERATION_PATHS.get(path)
         if kind is None:
@@ -294,16 +295,27 @@ class GatewayMiddleware:
             await self._limiter_call(self.limiter.renew_slot, held["slot_name"], held["slot"], SLOT_LEASE_S)
 
     def _reconcile(self, held, record) -> None:
-        """Ledger callback (event loop): refund what the engine did not use, charge budgets their actual cost."""
+        """Ledger callback (event loop): hand the request's settlement to one worker-thread job."""
         actual = record.engine_prompt_tokens + record.completion_tokens
         adjust = {name: (amount if name.endswith(":rpm") else actual) for name, _, _, amount in held["items"]}
-        loop = asyncio.get_running_loop()
+        if held["reservation"] or held["budget"] or self.on_spike is not None:
+            asyncio.get_running_loop().run_in_executor(None, self._settle, held, adjust, record)
+
+    def _settle(self, held, adjust, record) -> None:
+        """Worker thread: refund what the engine did not use, charge budgets their actual cost, run the spike
+        check -- one thread hop per request for all three (each failure is logged; the others still run)."""
+        steps = []
         if held["reservation"]:
-            loop.run_in_executor(None, self.limiter.adjust, held["reservation"], adjust)
+            steps.append((self.limiter.adjust, held["reservation"], adjust))
         if held["budget"]:
-            loop.run_in_executor(None, self.limiter.adjust_quota, held["budget"], record.billed_total_micro)
+            steps.append((self.limiter.adjust_quota, held["budget"], record.billed_total_micro))
         if self.on_spike is not None:
-            self.on_spike(held["key"], record)
+            steps.append((self.on_spike, held["key"], record))
+        for fn, *args in steps:
+            try:
+                fn(*args)
+            except Exception:  # the store is failing: reservations expire with their windows
+                logger.exception("qwen-vllm-ext gateway: settling a request failed (%s)", getattr(fn, "__name__", fn))
 
 
 def check_admin(scope, admin_key: str) -> bool:

@@ -30,6 +30,6 @@ def attach(app, settings) -> None:
     breaker = SpikeBreaker(settings, limiter, key_store, lambda: app.state.qwen_ledger_store,
                            counter=Counter("qwen_ext_keys_suspended", "API keys suspended by the spike breaker"))
     app.add_middleware(GatewayMiddleware, settings=settings, keys=KeyCache(key_store), limiter=limiter,
-                       policy=get_policy(settings.billing_policy), on_spike=breaker.observe)
+                       policy=get_policy(settings.billing_policy), on_spike=breaker.observe_sync)
     admin.attach(app, key_store, settings.admin_key)
     logger.info("qwen-vllm-ext: gateway on (keys: %s, limiter: %s)", settings.ledger_backend, settings.limiter_backend)

@@ -78,6 +78,12 @@ class SpikeBreaker:
         except OSError as exc:
             logger.error("qwen-vllm-ext gateway: spike webhook %s failed: %s", self.webhook, exc)
 
+    def observe_sync(self, key, record) -> bool:
+        """Run the check for a recorded request (blocking: call it on a worker thread). True if suspended."""
+        if self.factor <= 0 or record.billed_total_micro <= 0:
+            return False
+        return self.check(key, record.billed_total_micro)
+
     def observe(self, key, record) -> None:
         """Ledger callback (event loop): run the check on a worker thread."""
         if self.factor <= 0 or record.billed_total_micro <= 0:
