@@ -352,3 +352,26 @@ def test_middleware_holds_requests_until_the_engine_is_awake(monkeypatch):
         assert sent[0]["status"] == 503 and body["error"]["code"] == "service_unavailable" and s.in_flight == 0
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_conversation_columns_round_trip_in_both_stores(backend, tmp_path, request):
+    from qwen_vllm_ext.usage.ledger import open_store
+
+    if backend == "redis":
+        server = request.getfixturevalue("redis_server")
+        import redis
+
+        redis.Redis.from_url(server.url).flushall()
+        location = server.url
+    else:
+        location = str(tmp_path / "ledger.sqlite3")
+    store = open_store(backend, location)
+    try:
+        store.write_batch([_record("t1", conversation_id="c", reuse_ratio=None),
+                           _record("t2", conversation_id="c", reuse_ratio=0.9375, finished_at=3.0)])
+        got = {r.request_id: (r.conversation_id, r.reuse_ratio) for r in store.records()}
+        assert got == {"t1": ("c", None), "t2": ("c", 0.9375)}
+        assert store.get("t2").reuse_ratio == 0.9375
+    finally:
+        store.close()
