@@ -215,10 +215,12 @@ def main(argv: list[str] | None = None) -> int:
             need = f"{', '.join(p.gpu_names)} >= {p.min_gpu_memory_gib:g} GiB" if p.device == "cuda" else "no GPU"
             print(f"{p.name:12} {need:32} {p.description}")
         return 0
+    from .plugin import PatchGuardError  # strict_patches: raised while vLLM loads the general plugin in resolve()
+
     try:
         require_vllm()
         args, final, env_updates, profile, settings = resolve(argv, export=not ours.print_command)
-    except (ProfileError, LaunchError, SettingsError, VLLMMissing) as exc:
+    except (ProfileError, LaunchError, SettingsError, VLLMMissing, PatchGuardError) as exc:
         print(f"qwen_vllm_ext.serve: error: {exc}", file=sys.stderr)
         return 2
     if ours.print_command:

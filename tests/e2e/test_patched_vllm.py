@@ -227,7 +227,8 @@ def test_strict_mode_refuses_to_start_on_changed_vllm(tmp_path):
     run = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.serve", "--qwen-strict-patches", "true",
                           "--qwen-data-dir", str(tmp_path / "data"), "--port", str(free_port())],
                          capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode != 0
+    assert run.returncode == 2
     assert "runtime patch 'token_weighted_scheduler' disabled: vLLM 0.32.0 differs" in run.stderr
+    assert "Traceback" not in run.stderr  # one clear error line, not a crash
     assert "(strict_patches=true: refusing to start)" in run.stderr
     assert "Application startup complete" not in run.stdout + run.stderr
