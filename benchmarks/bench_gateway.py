@@ -595,7 +595,8 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
             callback(record)
 
     gateway = GatewayMiddleware(app, settings=settings, keys=KeyCache(keys), limiter=limiter,
-                                policy=get_policy("default"), on_spike=breaker.observe_sync)
+                                policy=get_policy("default"), on_spike=breaker.observe_sync,
+                                inline_limiter=limiter.nonblocking())
     state = types.SimpleNamespace(qwen_vllm_ext_calculator=Calculator(), qwen_max_model_len=4096)
     texts = prompts(64, SEED)
 

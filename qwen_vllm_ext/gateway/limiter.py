@@ -75,6 +75,10 @@ class LimiterUnavailable(RuntimeError):
     """The limiter's store cannot be reached or used (Redis down, SQLite locked for too long)."""
 
 
+class LimiterBusy(LimiterUnavailable):
+    """SQLite's write lock is held by another connection and this one does not wait (see ``nonblocking``)."""
+
+
 @dataclass(frozen=True)
 class DescriptorState:
     limit: int
@@ -424,7 +428,7 @@ class SqliteLimiter(_LocalLimiter):
 
     def __init__(self, path: str, clock: Clock = time.time, busy_timeout_s: float = 30.0):
         self.path, self._clock, self._busy = os.path.abspath(path), clock, busy_timeout_s
-        self._lock, self._ops = threading.Lock(), 0
+        self._lock, self._ops, self._maintain = threading.Lock(), 0, True
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._connect()
@@ -445,7 +449,23 @@ class SqliteLimiter(_LocalLimiter):
         self._db.execute(f"PRAGMA busy_timeout = {int(self._busy * 1000)}")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = NORMAL")
+        if not self._maintain:
+            self._db.execute("PRAGMA busy_timeout = 0")
+            self._db.execute("PRAGMA wal_autocheckpoint = 0")
         self._pid = os.getpid()
+
+    def nonblocking(self) -> "SqliteLimiter":
+        """A second connection to the same file for calls made on an event loop: it never waits for SQLite's
+        write lock (when another connection holds it, :class:`LimiterBusy` at once: retry with this instance on a
+        worker thread) and never checkpoints the WAL (fsyncs) or sweeps expired rows: this instance does both."""
+        twin = SqliteLimiter.__new__(SqliteLimiter)
+        twin.path, twin._clock, twin._busy = self.path, self._clock, self._busy
+        twin._lock, twin._ops, twin._maintain = threading.Lock(), 0, False
+        try:
+            twin._connect()
+        except sqlite3.Error as exc:
+            raise LimiterUnavailable(f"cannot open the SQLite limiter {self.path}: {exc}") from exc
+        return twin
 
     @contextmanager
     def _txn(self) -> Iterator[int]:
@@ -457,7 +477,7 @@ class SqliteLimiter(_LocalLimiter):
                 try:
                     now = _now_us(self._clock)   # read under the write lock: ordered across processes
                     self._ops += 1
-                    if self._ops % _SWEEP_EVERY == 0:
+                    if self._maintain and self._ops % _SWEEP_EVERY == 0:
                         self._sweep(now)
                     yield now
                     self._db.execute("COMMIT")
@@ -466,6 +486,8 @@ class SqliteLimiter(_LocalLimiter):
                         self._db.execute("ROLLBACK")
                     raise
             except sqlite3.Error as exc:
+                if getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise LimiterBusy(f"SQLite limiter {self.path}: {exc}") from exc
                 raise LimiterUnavailable(f"SQLite limiter {self.path}: {exc}") from exc
 
     def _x(self, sql, *args):

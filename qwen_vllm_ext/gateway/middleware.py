@@ -96,8 +96,11 @@ def rate_headers(decision, items) -> dict[str, str]:
 
 
 class GatewayMiddleware:
-    def __init__(self, app, settings, keys, limiter, policy, on_spike=None):
+    def __init__(self, app, settings, keys, limiter, policy, on_spike=None, inline_limiter=None):
         self.app = app
+        # admission calls go to inline_limiter first (SqliteLimiter.nonblocking(): microseconds on the event loop,
+        # cheaper than a thread hop under load); when it is busy, or without one, to limiter on a worker thread
+        self.inline_limiter = inline_limiter
         self.settings = settings
         self.keys = keys  # KeyCache
         self.limiter = limiter
@@ -218,11 +221,16 @@ class GatewayMiddleware:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    async def _limiter_call(self, fn, *args):
-        from .limiter import LimiterUnavailable
+    async def _limiter_call(self, name, *args):
+        from .limiter import LimiterBusy, LimiterUnavailable
 
         try:
-            return await asyncio.to_thread(fn, *args)
+            if self.inline_limiter is not None:
+                try:
+                    return getattr(self.inline_limiter, name)(*args)
+                except LimiterBusy:
+                    pass  # another connection holds the store's write lock: wait for it on a worker thread
+            return await asyncio.to_thread(getattr(self.limiter, name), *args)
         except LimiterUnavailable:
             if self.settings.limiter_failure == "open":
                 logger.error("qwen-vllm-ext gateway: limiter store unavailable; admitting (limiter_failure=open)")
@@ -237,7 +245,7 @@ class GatewayMiddleware:
                 "headers": {}, "cost": admission.cost}
         try:
             if items:
-                decision = await self._limiter_call(self.limiter.reserve, items)
+                decision = await self._limiter_call("reserve", items)
                 if decision is not UNAVAILABLE:
                     headers = rate_headers(decision, items)
                     if not decision.allowed:
@@ -246,7 +254,7 @@ class GatewayMiddleware:
             estimate = self.policy.bill(admission.prompt_tokens, admission.completion_tokens)
             budgets = budget_items(key, to_micro(estimate["total_units"]), time.time())
             if budgets:
-                decision = await self._limiter_call(self.limiter.reserve_quota, budgets)
+                decision = await self._limiter_call("reserve_quota", budgets)
                 if decision is not UNAVAILABLE:
                     if not decision.allowed:
                         period = "day" if any(":day:" in n for n in decision.blocking) else "month"
@@ -256,7 +264,7 @@ class GatewayMiddleware:
                     held["budget"] = decision.reservation_id
             if key.max_concurrent:
                 name = f"slots:{key.key_id}"
-                slot = await self._limiter_call(self.limiter.acquire_slot, name, key.max_concurrent, SLOT_LEASE_S)
+                slot = await self._limiter_call("acquire_slot", name, key.max_concurrent, SLOT_LEASE_S)
                 if slot is None:
                     raise Rejection(429, "rate_limit_exceeded", f"this API key allows {key.max_concurrent} "
                                     "concurrent requests; wait for one to finish", type_="requests",
@@ -292,7 +300,7 @@ class GatewayMiddleware:
     async def _renew_slot(self, held) -> None:
         while True:
             await asyncio.sleep(SLOT_LEASE_S / 3)
-            await self._limiter_call(self.limiter.renew_slot, held["slot_name"], held["slot"], SLOT_LEASE_S)
+            await self._limiter_call("renew_slot", held["slot_name"], held["slot"], SLOT_LEASE_S)
 
     def _reconcile(self, held, record) -> None:
         """Ledger callback (event loop): hand the request's settlement to one worker-thread job."""

@@ -29,7 +29,8 @@ def attach(app, settings) -> None:
     limiter = open_limiter(settings.limiter_backend, limiter_location(settings))
     breaker = SpikeBreaker(settings, limiter, key_store, lambda: app.state.qwen_ledger_store,
                            counter=Counter("qwen_ext_keys_suspended", "API keys suspended by the spike breaker"))
+    inline = limiter.nonblocking() if hasattr(limiter, "nonblocking") else None  # SQLite: admission inline
     app.add_middleware(GatewayMiddleware, settings=settings, keys=KeyCache(key_store), limiter=limiter,
-                       policy=get_policy(settings.billing_policy), on_spike=breaker.observe_sync)
+                       policy=get_policy(settings.billing_policy), on_spike=breaker.observe_sync, inline_limiter=inline)
     admin.attach(app, key_store, settings.admin_key)
     logger.info("qwen-vllm-ext: gateway on (keys: %s, limiter: %s)", settings.ledger_backend, settings.limiter_backend)

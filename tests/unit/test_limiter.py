@@ -531,3 +531,27 @@ def test_sqlite_running_sums_match_the_log_and_old_files_migrate(tmp_path, clock
     check()
     assert 10_000 - remaining(lim, "g", 10_000) == used > 0
     lim.close()
+
+
+def test_sqlite_nonblocking_twin_never_waits_and_shares_state(tmp_path, clock):
+    """The connection the gateway uses on its event loop: same state, LimiterBusy at once (no wait) while another
+    connection holds the write lock, and no WAL checkpoints (fsyncs) of its own."""
+    from qwen_vllm_ext.gateway.limiter import LimiterBusy
+
+    path = str(tmp_path / "l.db")
+    lim = SqliteLimiter(path, clock=clock)
+    fast = lim.nonblocking()
+    assert fast.reserve([("k", 10, 60, 7)]).allowed and remaining(lim, "k", 10) == 3
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    with pytest.raises(LimiterBusy):
+        fast.reserve([("k", 10, 60, 1)])
+    assert time.monotonic() - started < 0.5
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert fast.reserve([("k", 10, 60, 3)]).allowed and not lim.reserve([("k", 10, 60, 1)]).allowed
+    assert fast._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    assert lim._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] > 0
+    fast.close()
+    lim.close()
