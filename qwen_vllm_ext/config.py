@@ -92,6 +92,12 @@ class Settings:
     """Prefix-cache lookups per step only for the first K waiting candidates."""
     sched_fcfs_above: int = 0
     """Fall back to arrival order when more than this many requests wait (0 = never)."""
+    sched_queue_slack: float = 1.0
+    """A request waiting this many times the current FCFS queue delay goes first (0 = off)."""
+    sched_queue_floor_s: float = 1.0
+    """Minimum wait before the queue-relative rule (sched_queue_slack) applies, seconds."""
+    sched_rate_window_s: float = 10.0
+    """Window of the admitted-weight rate that turns queued weight into a queue delay, seconds."""
 
     # ---- gateway -------------------------------------------------------------------------------
     gateway: bool = False

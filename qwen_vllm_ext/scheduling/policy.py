@@ -25,6 +25,15 @@ of equal weight are served in arrival order; ties are broken by arrival.
 scored request, overdue requests in arrival order. This is the starvation guarantee; aging only shapes the
 order below it.
 
+**Queue-relative overdue lane** (``queue_slack > 0``): a request is also overdue once it has waited
+``queue_slack`` x the queue delay a request arriving *now* would see under FCFS (the weight waiting in the
+queue / the weight the scheduler has been admitting per second, over the last ``rate_window_s``), and at least
+``queue_floor_s``. Under FCFS the longest wait at any moment is about that queue delay, so no request waits much
+longer than FCFS's longest wait — the long-prompt tail stays near FCFS's — while short requests still overtake
+every request younger than that. A fixed half-life cannot do both across loads: short enough to protect long
+requests at a mild overload (shorts then overtake only recent arrivals), it leaves short requests queued behind
+the older backlog at a heavy one.
+
 **Grouping** (optional, ``group_ratio > 1``): after ordering, requests whose weight is within a factor
 ``group_ratio`` of the head's weight move ahead of the others (keeping their order) within the first
 ``lookup_candidates`` positions, so the requests one step admits have similar token loads.
@@ -52,6 +61,9 @@ SETTING_FIELDS: dict[str, str] = {
     "sched_group_ratio": "group_ratio",
     "sched_lookup_candidates": "lookup_candidates",
     "sched_fcfs_above": "fcfs_above",
+    "sched_queue_slack": "queue_slack",
+    "sched_queue_floor_s": "queue_floor_s",
+    "sched_rate_window_s": "rate_window_s",
 }
 
 
@@ -75,6 +87,12 @@ class PolicyConfig:
     """Prefix-cache lookups per step: only the first K scored candidates are refreshed."""
     fcfs_above: int = 0
     """Order the scored lane by arrival when more than this many wait (0: never)."""
+    queue_slack: float = 1.0
+    """Overdue after waiting this many times the current FCFS queue delay (0: off)."""
+    queue_floor_s: float = 1.0
+    """...but never before this many seconds of waiting."""
+    rate_window_s: float = 10.0
+    """Window of the admitted-weight rate that converts queued weight into a queue delay."""
 
     def __post_init__(self) -> None:
         if not (self.output_weight >= 0 and math.isfinite(self.output_weight)):
@@ -91,6 +109,12 @@ class PolicyConfig:
             raise ValueError(f"lookup_candidates must be >= 0, got {self.lookup_candidates!r}")
         if self.fcfs_above < 0:
             raise ValueError(f"fcfs_above must be >= 0, got {self.fcfs_above!r}")
+        for name in ("queue_slack", "queue_floor_s"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
+            raise ValueError(f"rate_window_s must be a finite number > 0, got {self.rate_window_s!r}")
 
     @classmethod
     def from_settings(cls, settings: Any) -> "PolicyConfig":
@@ -147,9 +171,58 @@ def rank_key(w: float, arrival_time: float, config: PolicyConfig, epoch: float =
     return key
 
 
-def is_overdue(arrival_time: float, now: float, config: PolicyConfig) -> bool:
-    """True when the request has waited at least ``max_wait_s`` (never when max_wait_s is 0)."""
-    return config.max_wait_s > 0 and now - arrival_time >= config.max_wait_s
+def overdue_age(config: PolicyConfig, queue_delay_s: float | None = None) -> float:
+    """The wait after which a request is overdue: ``max_wait_s`` and, when the FCFS queue delay is known,
+    ``max(queue_floor_s, queue_slack x queue_delay_s)`` — whichever comes first (inf: never)."""
+    age = config.max_wait_s if config.max_wait_s > 0 else math.inf
+    if config.queue_slack > 0 and queue_delay_s is not None:
+        age = min(age, max(config.queue_floor_s, config.queue_slack * queue_delay_s))
+    return age
+
+
+def is_overdue(arrival_time: float, now: float, config: PolicyConfig, queue_delay_s: float | None = None) -> bool:
+    """True when the request has waited at least :func:`overdue_age` (``max_wait_s`` alone when the queue delay
+    is unknown; never when both are off)."""
+    return now - arrival_time >= overdue_age(config, queue_delay_s)
+
+
+class RateMeter:
+    """Admitted weight per second over a sliding window (pure; the scheduler feeds it once per step)."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        from collections import deque
+
+        self.window_s = window_s
+        self._events: deque[tuple[float, float]] = deque()
+        self._sum = 0.0
+        self._first: float | None = None
+
+    def record(self, now: float, weight: float) -> None:
+        if self._first is None:
+            self._first = now
+        if weight > 0:
+            self._events.append((now, weight))
+            self._sum += weight
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        while self._events and self._events[0][0] <= now - self.window_s:
+            self._sum -= self._events.popleft()[1]
+
+    def rate(self, now: float) -> float | None:
+        """Weight per second over the window (None before a full second of observation or with nothing admitted
+        in the window: no estimate)."""
+        if self._first is None or now - self._first < 1.0:
+            return None
+        self._expire(now)
+        if not self._events:
+            return None
+        return max(self._sum, 0.0) / min(self.window_s, now - self._first)
+
+    def queue_delay(self, queued_weight: float, now: float) -> float | None:
+        """Seconds to admit ``queued_weight`` at the measured rate (None: unknown)."""
+        rate = self.rate(now)
+        return None if not rate else max(queued_weight, 0.0) / rate
 
 
 @dataclasses.dataclass
@@ -172,9 +245,9 @@ class Job:
 
 
 def sort_key(job: Job, now: float, config: PolicyConfig, *, epoch: float = 0.0, use_priority: bool = False,
-             fcfs: bool = False) -> tuple:
+             fcfs: bool = False, queue_delay_s: float | None = None) -> tuple:
     """The full sort tuple: overdue lane (arrival order) < scored lane ((priority), rank key, arrival, seq)."""
-    if is_overdue(job.arrival_time, now, config):
+    if is_overdue(job.arrival_time, now, config, queue_delay_s):
         return (0, 0, 0.0, job.arrival_time, job.seq)
     if fcfs:
         return (1, 0, 0.0, job.arrival_time, job.seq)
@@ -196,17 +269,20 @@ def group_window(items: list, weights: Sequence[float], start: int, config: Poli
     return items[:start] + [items[i] for i in inside + outside] + items[end:]
 
 
-def order(jobs: Iterable[Job], now: float, config: PolicyConfig, *, use_priority: bool = False) -> list[Job]:
+def order(jobs: Iterable[Job], now: float, config: PolicyConfig, *, use_priority: bool = False,
+          queue_delay_s: float | None = None) -> list[Job]:
     """Reference ordering of a scored lane at time ``now`` (overdue first by arrival, then by rank key with
     ties by arrival, FCFS above ``fcfs_above``, then grouping). The vLLM queue applies the same rules."""
     jobs = list(jobs)
     epoch = min((j.arrival_time for j in jobs), default=0.0)
-    scored = sum(1 for j in jobs if not is_overdue(j.arrival_time, now, config))
+    scored = sum(1 for j in jobs if not is_overdue(j.arrival_time, now, config, queue_delay_s))
     fcfs = 0 < config.fcfs_above < scored
-    jobs.sort(key=lambda j: sort_key(j, now, config, epoch=epoch, use_priority=use_priority, fcfs=fcfs))
+    jobs.sort(key=lambda j: sort_key(j, now, config, epoch=epoch, use_priority=use_priority, fcfs=fcfs,
+                                     queue_delay_s=queue_delay_s))
     if fcfs:
         return jobs
-    first_scored = next((i for i, j in enumerate(jobs) if not is_overdue(j.arrival_time, now, config)), len(jobs))
+    first_scored = next((i for i, j in enumerate(jobs) if not is_overdue(j.arrival_time, now, config, queue_delay_s)),
+                        len(jobs))
     return group_window(jobs, [j.weight(config) for j in jobs], first_scored, config)
 
 

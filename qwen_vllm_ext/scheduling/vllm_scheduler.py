@@ -35,8 +35,8 @@ from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from .policy import (AdmissionStats, Job, PolicyConfig, expected_output_tokens, group_window, is_overdue,
-                     rank_key)
+from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, expected_output_tokens, group_window,
+                     is_overdue, rank_key)
 
 __all__ = [
     "TokenWeightedRequestQueue",
@@ -49,6 +49,7 @@ __all__ = [
 
 @dataclasses.dataclass(eq=False)
 class _Entry(Job):
+    w: float = 0.0
     rank: float = 0.0
     sort: tuple = ()
     overdue: bool = False
@@ -89,6 +90,10 @@ class TokenWeightedRequestQueue(RequestQueue):
         self._epoch: float | None = None
         self._now = 0.0
         self._fcfs = False
+        self.rate = RateMeter(config.rate_window_s)
+        """Admitted weight per second (fed by the scheduler each step): turns queued weight into a queue delay."""
+        self.queue_delay_s: float | None = None
+        """The FCFS queue delay estimate of the last refresh() (None: unknown)."""
         # Requests popped since begin_step() -> whether they came through the overdue (max-wait) lane.
         self.step_popped: dict[Request, bool] = {}
 
@@ -105,7 +110,8 @@ class TokenWeightedRequestQueue(RequestQueue):
         e.prompt_tokens = request.num_tokens
         if self._epoch is None:
             self._epoch = e.arrival_time
-        e.rank = rank_key(e.weight(self.config), e.arrival_time, self.config, self._epoch)
+        e.w = e.weight(self.config)
+        e.rank = rank_key(e.w, e.arrival_time, self.config, self._epoch)
 
     def weight_of(self, request: Request) -> float:
         """The policy weight of ``request`` with its last known cached-prefix estimate."""
@@ -125,9 +131,10 @@ class TokenWeightedRequestQueue(RequestQueue):
         self._now = now
         cfg = self.config
         live = [e for e in self._lane[self._head:] if not e.removed]
+        self.queue_delay_s = self.rate.queue_delay(sum(e.w for e in live), now) if cfg.queue_slack > 0 else None
         num_scored = 0
         for e in live:
-            e.overdue = is_overdue(e.arrival_time, now, cfg)
+            e.overdue = is_overdue(e.arrival_time, now, cfg, self.queue_delay_s)
             num_scored += not e.overdue
         self._fcfs = 0 < cfg.fcfs_above < num_scored
         for e in live:
@@ -175,7 +182,7 @@ class TokenWeightedRequestQueue(RequestQueue):
         if self._lookup is not None and not self._fcfs and self.config.lookup_candidates > 0:
             e.cached_tokens = self._cached_tokens(request)
         self._rescore(e)
-        e.overdue = is_overdue(e.arrival_time, self._now, self.config)
+        e.overdue = is_overdue(e.arrival_time, self._now, self.config, self.queue_delay_s)
         e.sort = _sort_tuple(e, self._use_priority, self._fcfs)
         self._members[request] = e
         if self._head and self._head * 2 > len(self._lane):
@@ -369,6 +376,7 @@ class TokenWeightedMixin:
                 cache_hits += cached
                 prompt_tokens += request.num_prompt_tokens
         self.qwen_stats.record_step(weights, waits, overdue, cache_hits, prompt_tokens)
+        self.waiting.rate.record(now, sum(weights))
         self.waiting.begin_step()
 
     def qwen_status(self) -> dict[str, Any]:

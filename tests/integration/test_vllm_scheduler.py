@@ -228,6 +228,31 @@ def test_request_past_max_wait_goes_first(model_dir):
     assert [r.req_id for r in relaxed.schedule().scheduled_new_reqs] == ["short", "old-long"]
 
 
+def test_request_older_than_the_fcfs_queue_delay_goes_first(model_dir):
+    """The queue-relative overdue lane inside the real scheduler: the admitted-weight rate is measured from the
+    steps, queued weight / rate is the FCFS queue delay, and a request that waited longer goes first."""
+    def run(slack: float) -> tuple[list[str], float | None]:
+        clock = Clock(T0)
+        scheduler = make_scheduler(model_dir, clock=clock, max_num_batched_tokens=512, policy=PolicyConfig(
+            max_wait_s=0, aging_half_life_s=1000.0, queue_slack=slack, queue_floor_s=1.0))
+        scheduler.add_request(make_request("warm", 1000, arrival=T0))
+        step(scheduler)  # admits "warm" (weight 1000 + 0.7 x 8): the rate meter's first admission
+        scheduler.add_request(make_request("old-long", 1200, arrival=T0 - 5.0))
+        for i in range(4):
+            scheduler.add_request(make_request(f"short{i}", 30, arrival=T0 + 8.5))
+        clock.t = T0 + 9.0
+        order = admission_order(scheduler)
+        scheduler.schedule()
+        return order, scheduler.waiting.queue_delay_s
+
+    order, delay = run(1.0)
+    # rate = 1005.6 / 9 s; queued = 1205.6 + 4 x 35.6 -> ~12.1 s, and "old-long" has waited 14 s.
+    assert delay == pytest.approx((1205.6 + 4 * 35.6) / (1005.6 / 9.0), rel=1e-6)
+    assert order[0] == "old-long"
+    order, delay = run(0.0)  # rule off: the short requests overtake it
+    assert delay is None and order[0] == "short0"
+
+
 # ---- preemption and removal ----------------------------------------------------------------------------
 def preempt_one(scheduler, first: str = "a", second: str = "b") -> Request:
     """Run two requests until the KV cache runs out and one of them is preempted; returns it."""

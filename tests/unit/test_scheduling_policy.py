@@ -183,3 +183,50 @@ def test_admission_stats_snapshot_and_drain():
         stats.record_step([], [float(i)], 0, 0, 0)
     assert stats.drain()["queue_wait_s"] == [6.0, 7.0, 8.0, 9.0]  # bounded window
     assert policy.quantile([], 0.5) == 0.0 and policy.stddev([3.0]) == 0.0
+
+
+def test_queue_relative_overdue_age():
+    cfg = PolicyConfig(max_wait_s=30.0, queue_slack=1.5, queue_floor_s=2.0)
+    assert policy.overdue_age(cfg) == 30.0                       # queue delay unknown: max wait only
+    assert policy.overdue_age(cfg, queue_delay_s=10.0) == 15.0   # slack x delay
+    assert policy.overdue_age(cfg, queue_delay_s=0.5) == 2.0     # floored
+    assert policy.overdue_age(cfg, queue_delay_s=100.0) == 30.0  # max wait still bounds it
+    assert policy.overdue_age(PolicyConfig(max_wait_s=0, queue_slack=0), 5.0) == math.inf
+    assert policy.overdue_age(PolicyConfig(max_wait_s=0, queue_slack=1.0, queue_floor_s=0), 5.0) == 5.0
+    assert policy.is_overdue(0.0, 15.0, cfg, 10.0) and not policy.is_overdue(0.1, 15.0, cfg, 10.0)
+
+
+def test_queue_relative_lane_serves_old_long_requests_before_fresh_short_ones():
+    """A long request that waited longer than the FCFS queue delay goes before fresh short ones, oldest first;
+    younger long requests stay behind the short ones (shorts still overtake them)."""
+    cfg = PolicyConfig(max_wait_s=0, aging_half_life_s=1000.0, queue_slack=1.0, queue_floor_s=1.0)
+    jobs = [job("long-young", 8.0, 3000), job("long-old", 2.0, 3000), job("long-older", 1.0, 3500),
+            job("short", 9.5, 50)]
+    assert ids(order(jobs, now=10.0, config=cfg, queue_delay_s=None)) == ["short", "long-old", "long-young",
+                                                                          "long-older"]
+    assert ids(order(jobs, now=10.0, config=cfg, queue_delay_s=5.0)) == ["long-older", "long-old", "short",
+                                                                         "long-young"]
+    # Slack 0 turns the rule off whatever the delay.
+    off = PolicyConfig(max_wait_s=0, aging_half_life_s=1000.0, queue_slack=0.0)
+    assert ids(order(jobs, now=10.0, config=off, queue_delay_s=0.1))[0] == "short"
+
+
+def test_rate_meter_window_and_queue_delay():
+    meter = policy.RateMeter(window_s=10.0)
+    assert meter.rate(0.0) is None and meter.queue_delay(1000, 0.0) is None
+    meter.record(0.0, 0.0)
+    meter.record(0.5, 500.0)
+    assert meter.rate(0.9) is None                   # under a second observed: no estimate yet
+    meter.record(2.0, 1500.0)
+    assert meter.rate(4.0) == pytest.approx(2000.0 / 4.0)
+    assert meter.queue_delay(1000.0, 4.0) == pytest.approx(2.0)
+    assert meter.rate(11.5) == pytest.approx(1500.0 / 10.0)   # the 0.5 s admission left the window
+    assert meter.rate(13.0) is None                  # nothing admitted in the window: unknown, not infinite
+    meter.record(13.0, 0.0)
+    assert meter.rate(13.5) is None
+
+
+def test_queue_settings_validation():
+    for bad in ({"queue_slack": -1}, {"queue_floor_s": float("inf")}, {"rate_window_s": 0}):
+        with pytest.raises(ValueError):
+            PolicyConfig(**bad)
