@@ -82,7 +82,7 @@ class Settings:
     """Expected output = min(max_tokens, this cap), unless the client hints it (vllm_xargs)."""
     sched_output_hint_key: str = "expected_output_tokens"
     """``vllm_xargs`` key through which a client may hint its expected output length."""
-    sched_aging_half_life_s: float = 4.0
+    sched_aging_half_life_s: float = 1.0
     """Aging: a waiting request's weight halves every this many seconds (0 = no aging)."""
     sched_max_wait_s: float = 30.0
     """Hard starvation bound: requests waiting longer are admitted first, in arrival order (0 = none)."""
@@ -92,7 +92,7 @@ class Settings:
     """Prefix-cache lookups per step only for the first K waiting candidates."""
     sched_fcfs_above: int = 0
     """Fall back to arrival order when more than this many requests wait (0 = never)."""
-    sched_queue_slack: float = 1.0
+    sched_queue_slack: float = 0.0
     """A request waiting this many times the current FCFS queue delay goes first (0 = off)."""
     sched_queue_floor_s: float = 1.0
     """Minimum wait before the queue-relative rule (sched_queue_slack) applies, seconds."""

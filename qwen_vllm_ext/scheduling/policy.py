@@ -32,7 +32,8 @@ queue / the weight the scheduler has been admitting per second, over the last ``
 longer than FCFS's longest wait — the long-prompt tail stays near FCFS's — while short requests still overtake
 every request younger than that. A fixed half-life cannot do both across loads: short enough to protect long
 requests at a mild overload (shorts then overtake only recent arrivals), it leaves short requests queued behind
-the older backlog at a heavy one.
+the older backlog at a heavy one. Off by default: in the one benchmark run made with it (slack 1.0, half-life
+4 s) it did not beat the 1 s half-life alone (README, scheduling section).
 
 **Grouping** (optional, ``group_ratio > 1``): after ordering, requests whose weight is within a factor
 ``group_ratio`` of the head's weight move ahead of the others (keeping their order) within the first
@@ -77,7 +78,7 @@ class PolicyConfig:
     """Cap on expected output tokens (``max_tokens`` or the client's hint)."""
     hint_key: str = "expected_output_tokens"
     """``vllm_xargs`` key with the client's expected output tokens (empty: ignore hints)."""
-    aging_half_life_s: float = 4.0
+    aging_half_life_s: float = 1.0
     """Waiting this long halves a request's effective weight (0: no aging)."""
     max_wait_s: float = 30.0
     """Requests waiting this long are admitted first, in arrival order (0: no limit)."""
@@ -87,7 +88,7 @@ class PolicyConfig:
     """Prefix-cache lookups per step: only the first K scored candidates are refreshed."""
     fcfs_above: int = 0
     """Order the scored lane by arrival when more than this many wait (0: never)."""
-    queue_slack: float = 1.0
+    queue_slack: float = 0.0
     """Overdue after waiting this many times the current FCFS queue delay (0: off)."""
     queue_floor_s: float = 1.0
     """...but never before this many seconds of waiting."""
