@@ -892,7 +892,7 @@ def report(corpus, summary, loads, mism, meta) -> tuple[str, dict]:
                     break
                 listed += 1
                 L.append(f"  mismatch {impl} {sl} doc {ex['doc']}: {ex['count']} vs ref {ex['ref_count']}"
-                         + (f" (ids differ, same count)" if ex["ids_only"] else "")
+                         + (" (ids differ, same count)" if ex["ids_only"] else "")
                          + (f", first diff at token {ex['first_diff_token']}: {ex.get('ours_ids')} vs {ex.get('ref_ids')}"
                             if "first_diff_token" in ex else "") + f"; near {ex['excerpt']}")
     L.append("")

@@ -423,7 +423,7 @@ def summarize(run: dict, slo: float) -> dict:
 
 def pooled(runs: list[dict]) -> dict:
     """Pool several traces' runs: requests concatenated; throughput = total tokens / total span."""
-    reqs, span, toks, steps = [], 0.0, 0, []
+    reqs, span, steps = [], 0.0, []
     for r in runs:
         reqs += r["requests"]
         span += r["t_end"] - r["t_first_arrival"]
@@ -514,9 +514,6 @@ def main() -> int:
                 raw.setdefault((load, policy), []).append(dict(zip(traces, out["runs"])))
 
     # 3. Metrics.
-    metric_keys = ["ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "long_decile_p99_ttft_s", "output_tok_s",
-                   "goodput_req_s", "slo_attainment", "admitted_weight_std_mean", "qwen_stats_weight_std_mean",
-                   "mean_admitted_per_step", "max_wait_admissions", "client_lag_p99_s"]
     summary: dict = {}
     for (load, policy), reps in raw.items():
         for scope in traces + ["all"]:

@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from qwen_vllm_ext.demo import SERVED_NAME
-from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
 from ..redis_server import RedisServer
 from .conftest import Server

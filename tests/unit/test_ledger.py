@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import calendar
-import concurrent.futures
 import csv
 import io
 import json
@@ -14,8 +13,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 
 import pytest
 
