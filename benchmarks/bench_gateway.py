@@ -48,7 +48,6 @@ import platform
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,8 @@ import urllib.error
 import urllib.request
 
 import httpx
+
+from qwen_vllm_ext.bench.server import ServeProcess, ServerStartError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -96,12 +97,6 @@ def fmt(v, spec=".1f"):
     return "-" if v is None else format(v, spec)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def prompts(n: int, seed: int) -> list[str]:
     """A seeded sequence of short mixed zh/en prompts (a number keeps them distinct)."""
     rng = random.Random(seed)
@@ -128,23 +123,18 @@ def role_of(comm: str) -> str:
     return "api"  # the API server (and its helper processes, which stay near 0)
 
 
-class Server:
-    """One demo server in its own process group (start_new_session), always stopped with killpg."""
+class Server(ServeProcess):
+    """One demo server (the shared launcher: own process group, stopped with killpg) plus what this benchmark
+    reads from it: CPU time by process role and engine steps."""
 
     def __init__(self, gateway: bool, data_dir: str, log_path: str, extra: list[str]):
         self.gateway = gateway
+        super().__init__(["--qwen-data-dir", data_dir, "--qwen-gateway", "true" if gateway else "false",
+                          # the spike breaker still observes every request (its cost is measured) but never
+                          # trips: a benchmark's burst on a fresh key is what it would suspend (403)
+                          "--qwen-spike-min-units", "1e15", *extra],
+                         log_path, cwd=ROOT, label=f"the gateway-{'on' if gateway else 'off'} server")
         self.name = "on" if gateway else "off"
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        argv = [sys.executable, "-m", "qwen_vllm_ext.serve", "--host", "127.0.0.1", "--port", str(self.port),
-                "--qwen-data-dir", data_dir, "--qwen-gateway", "true" if gateway else "false",
-                # the spike breaker still observes every request (its cost is measured) but never trips: a
-                # benchmark's burst on a fresh key is exactly what it would suspend (403 api_key_suspended)
-                "--qwen-spike-min-units", "1e15", *extra]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
 
     def cpu_seconds(self) -> dict[str, float]:
         """User + system CPU seconds of the live processes of this server's process group, by role (/proc)."""
@@ -174,47 +164,11 @@ class Server:
         found = STEPS_METRIC.findall(text)
         return sum(float(x) for x in found) if found else None
 
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
-
     def wait_healthy(self, timeout: float) -> float:
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.proc.poll() is not None:
-                raise BenchError(f"gateway-{self.name} server exited with {self.proc.returncode} before becoming "
-                                 f"healthy; log tail:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return time.monotonic() - start
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.5)
-        raise BenchError(f"gateway-{self.name} server not healthy after {timeout:.0f}s; log tail:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        # the group may outlive its leader (engine core, workers): make sure nothing of it is left
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if not self._log.closed:
-            self._log.close()
+            return super().wait_healthy(timeout, poll_s=0.5)
+        except ServerStartError as exc:
+            raise BenchError(str(exc)) from None
 
 
 def create_key(data_dir: str) -> str:

@@ -31,15 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import httpx
+
+from qwen_vllm_ext.bench.server import ServeProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -161,46 +159,8 @@ def run_conversation(base_url: str, conv_id: str, *, thinking: bool, feedback: s
 
 
 # ------------------------------------------------------------------------------------------------ servers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, extra: list[str], data_dir: str, log_path: str):
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        argv = [sys.executable, "-m", "qwen_vllm_ext.serve", "--host", "127.0.0.1", "--port", str(self.port),
-                "--qwen-data-dir", data_dir, *extra]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def wait_healthy(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}); see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"server not healthy after {timeout}s; see {self.log_path}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
+def start_server(extra: list[str], data_dir: str, log_path: str) -> ServeProcess:
+    return ServeProcess(["--qwen-data-dir", data_dir, *extra], log_path, cwd=ROOT)
 
 
 SERVER_MODES = {
@@ -280,8 +240,8 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="bench-kv-reuse-")
     t0 = time.monotonic()
     for mode in args.modes.split(","):
-        server = Server([*SERVER_MODES[mode], "--block-size", str(args.block_size)], os.path.join(tmp, mode),
-                        os.path.join(tmp, f"{mode}.log"))
+        server = start_server([*SERVER_MODES[mode], "--block-size", str(args.block_size)], os.path.join(tmp, mode),
+                              os.path.join(tmp, f"{mode}.log"))
         try:
             server.wait_healthy()
             print(f"[{time.monotonic() - t0:6.1f}s] {mode}: server up", file=sys.stderr)

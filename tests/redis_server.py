@@ -15,11 +15,7 @@ import subprocess
 import tempfile
 import time
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from qwen_vllm_ext.bench.server import free_port  # re-exported: the tests' one free-port helper
 
 
 def ping(port: int, timeout: float = 0.5) -> bool:

@@ -14,50 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
 
 from . import token_storm
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_demo_server(log_path: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "qwen_vllm_ext.serve", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the demo server exited with {proc.returncode}; see {log_path}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(1)
-    stop(proc)
-    raise SystemExit(f"the demo server did not become healthy in 600 s; see {log_path}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+from .server import ServeProcess, ServerStartError
 
 
 def model_info(url: str) -> tuple[str, str]:
@@ -126,10 +88,15 @@ def main(argv=None) -> int:
     p.add_argument("--output-dir", default="token_storm_results/compare_vllm")
     a = p.parse_args(argv)
     os.makedirs(a.output_dir, exist_ok=True)
-    proc = None
+    server = None
     url = a.base_url
     if url is None:
-        proc, url = start_demo_server(os.path.join(a.output_dir, "server.log"))
+        server = ServeProcess([], os.path.join(a.output_dir, "server.log"), label="the demo server")
+        try:
+            server.wait_healthy()
+        except ServerStartError as exc:
+            raise SystemExit(str(exc)) from None
+        url = server.base_url
     started = time.time()
     try:
         model, tokenizer = model_info(url)
@@ -140,8 +107,8 @@ def main(argv=None) -> int:
             rows.append({"round": k + 1, **run_vllm_bench(url, model, tokenizer, a, seed=k)})
             rows.append({"round": k + 1, **run_storm(url, model, a, k, os.path.join(a.output_dir, f"storm{k + 1}"))})
     finally:
-        if proc is not None:
-            stop(proc)
+        if server is not None:
+            server.stop()
     print()
     print(f"{a.num_requests} requests per run, Poisson {a.rate} req/s, {a.input_len} prompt tokens, "
           f"{a.output_len} output tokens (ignore_eos), /v1/completions streams; {time.time() - started:.0f} s")

@@ -20,6 +20,7 @@ import pytest
 from qwen_vllm_ext import plugin
 from qwen_vllm_ext.demo import SERVED_NAME, ensure_demo_model
 from qwen_vllm_ext.patches import core
+from qwen_vllm_ext.bench.server import ServeProcess
 from qwen_vllm_ext.usage.ledger import open_store
 
 from ..redis_server import free_port
@@ -43,14 +44,7 @@ class PlainVllmServer(Server):
 
     def __init__(self, argv, log_path, env):
         self.data_dir = None
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
-             "--port", str(self.port), *argv],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        ServeProcess.__init__(self, argv, log_path, env=env, module="vllm.entrypoints.openai.api_server")
 
 
 _RUNNING: list[Server] = []  # at most one server of this module at a time
