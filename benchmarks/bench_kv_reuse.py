@@ -38,6 +38,7 @@ import time
 import httpx
 
 from qwen_vllm_ext.bench.server import ServeProcess
+from qwen_vllm_ext.kv.reuse import common_prefix
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -75,15 +76,6 @@ def word_token_ids() -> list[int]:
         assert len(enc) == 1, (w, enc)
         ids.append(enc[0])
     return ids
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def chat_turn(client: httpx.Client, body: dict, headers: dict) -> dict:

@@ -162,6 +162,16 @@ class ReuseTracker:
 TRACKER = ReuseTracker()
 
 
+def common_prefix(a, b) -> int:
+    """Length of the common leading run of two token-id sequences (what prefix caching can reuse)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def configure(capacity: int) -> ReuseTracker:
     """Resize this process's tracker (the API server calls it once at startup)."""
     global TRACKER

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from qwen_v3_calculator.chat import REUSE_TEMPLATES, count_chat, render_chat, template_path
+from qwen_vllm_ext.kv.reuse import common_prefix
 from tests.unit.test_chat_count import CONVERSATIONS, HFAdapter, jinja_render
 
 
@@ -110,15 +111,6 @@ def test_reuse_mode_is_a_strict_token_prefix_across_turns(hf_tok, thinking):
         assert len(next_prompt) > len(seen) and next_prompt[:len(seen)] == seen
 
 
-def _common_prefix(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 @pytest.mark.parametrize("thinking", [True, False])
 def test_stock_template_breaks_at_the_previous_generation(hf_tok, thinking):
     """Official template: thinking on, the generated reasoning is dropped from history (the match ends where
@@ -128,7 +120,7 @@ def test_stock_template_breaks_at_the_previous_generation(hf_tok, thinking):
     turns = _conversation_turns(thinking, "qwen3", hf_tok)
     for (prompt, generated), (next_prompt, _) in zip(turns, turns[1:]):
         expected = len(prompt) if thinking else len(prompt) - empty_think
-        assert _common_prefix(prompt + generated, next_prompt) == expected
+        assert common_prefix(prompt + generated, next_prompt) == expected
 
 
 def test_count_chat_reuse_matches_the_tokenized_jinja(hf_tok, reuse_template_text):
