@@ -154,11 +154,25 @@ def _make_recording(base):
             super().__init__(*args, **kwargs)
             self._bench_seen: set[str] = set()
             self._bench_steps: list[list[float]] = []  # [time, n_admitted, std]
+            self._bench_comp: list[list[float]] = []  # [time, schedule_s, n_reqs, tokens, prefill_tokens, prefill_ctx]
             self._bench_path = os.environ.get("BENCH_SCHED_STATS", "")
             self._bench_dirty = False
 
         def schedule(self, *args, **kwargs):
+            t_sched = time.perf_counter()
             out = super().schedule(*args, **kwargs)
+            dt_sched = time.perf_counter() - t_sched
+            # Step composition (cost-model data for sim_scheduler.py): wall time, schedule() time, requests,
+            # tokens, of which prefill tokens, and sum over prefill chunks of chunk x (context before + chunk / 2).
+            n_tok = pre_tok = pre_ctx = 0
+            for rid, n_sched in out.num_scheduled_tokens.items():
+                n_tok += n_sched
+                req = self.requests.get(rid)
+                before = req.num_computed_tokens - n_sched if req is not None else 0  # schedule() advanced it
+                if req is not None and before < req.num_prompt_tokens:
+                    pre_tok += n_sched
+                    pre_ctx += n_sched * (before + n_sched / 2)
+            self._bench_comp.append([time.time(), dt_sched, len(out.num_scheduled_tokens), n_tok, pre_tok, pre_ctx])
             weights = []
             for rid, n_sched in out.num_scheduled_tokens.items():
                 if rid in self._bench_seen:
@@ -185,7 +199,7 @@ def _make_recording(base):
             return result
 
         def _bench_dump(self):
-            data = {"steps": self._bench_steps, "class": type(self).__mro__[1].__name__}
+            data = {"steps": self._bench_steps, "comp": self._bench_comp, "class": type(self).__mro__[1].__name__}
             stats = getattr(self, "qwen_stats", None)
             if stats is not None:
                 data["qwen_stats"] = stats.snapshot()
@@ -330,6 +344,7 @@ def worker(spec_path: str, out_path: str) -> None:
                 await asyncio.sleep(0.1)
             steps = [s for s in steps_data.get("steps", []) if r["t0"] <= s[0] <= r["t_end"] + 0.5]
             r["steps"] = steps
+            r["comp"] = [c for c in steps_data.get("comp", []) if r["t0"] <= c[0] <= r["t_end"] + 0.5]
             r["qwen_stats"] = steps_data.get("qwen_stats")
             r["qwen_policy"] = steps_data.get("qwen_policy")
             r["name"] = job["name"]
@@ -401,6 +416,7 @@ def summarize(run: dict, slo: float) -> dict:
     steps = run.get("steps") or []
     multi = [s[2] for s in steps if s[1] >= 2]
     qs = run.get("qwen_stats") or {}
+    comp = run.get("comp") or []
     return {
         "requests": len(reqs),
         "ttft_mean_s": sum(ttft) / len(ttft),
@@ -418,17 +434,20 @@ def summarize(run: dict, slo: float) -> dict:
         "qwen_stats_weight_std_mean": qs.get("admitted_weight_std_mean"),
         "max_wait_admissions": qs.get("max_wait_admissions"),
         "client_lag_p99_s": quantile([r["sent_lag"] for r in reqs], 0.99),
+        "schedule_ms_per_step": (1000 * sum(c[1] for c in comp) / len(comp)) if comp else None,
+        "engine_steps": len(comp),
     }
 
 
 def pooled(runs: list[dict]) -> dict:
     """Pool several traces' runs: requests concatenated; throughput = total tokens / total span."""
-    reqs, span, steps = [], 0.0, []
+    reqs, span, steps, comp = [], 0.0, [], []
     for r in runs:
         reqs += r["requests"]
         span += r["t_end"] - r["t_first_arrival"]
         steps += r.get("steps") or []
-    return {"requests": reqs, "t_first_arrival": 0.0, "t_end": span, "steps": steps}
+        comp += r.get("comp") or []
+    return {"requests": reqs, "t_first_arrival": 0.0, "t_end": span, "steps": steps, "comp": comp}
 
 
 def fmt(x, nd=2):
@@ -539,7 +558,7 @@ def main() -> int:
     verdicts: dict = {}
     lines = []
     hdr = (f"{'load':>5} {'trace':>8} {'policy':>6} {'TTFT mean':>9} {'p50':>6} {'p99':>6} {'long p99':>8} "
-           f"{'out tok/s':>9} {'goodput':>7} {'SLO%':>5} {'wstd':>6} {'adm/step':>8}")
+           f"{'out tok/s':>9} {'goodput':>7} {'SLO%':>5} {'wstd':>6} {'adm/step':>8} {'sched ms':>8}")
     lines.append(hdr)
     lines.append("-" * len(hdr))
     for load in loads:
@@ -551,7 +570,8 @@ def main() -> int:
                              f"{fmt(s['ttft_mean_s']):>9} {fmt(s['ttft_p50_s']):>6} {fmt(s['ttft_p99_s']):>6} "
                              f"{fmt(s['long_decile_p99_ttft_s']):>8} {fmt(s['output_tok_s'], 1):>9} "
                              f"{fmt(s['goodput_req_s']):>7} {fmt(100 * s['slo_attainment'], 0):>5} "
-                             f"{fmt(s['admitted_weight_std_mean'], 0):>6} {fmt(s['mean_admitted_per_step'], 1):>8}")
+                             f"{fmt(s['admitted_weight_std_mean'], 0):>6} {fmt(s['mean_admitted_per_step'], 1):>8} "
+                             f"{fmt(s['schedule_ms_per_step'], 2):>8}")
             f, t = rows["fcfs"], rows["tw"]
             parts = []
             for key, label, op, lim in targets:
@@ -568,7 +588,8 @@ def main() -> int:
     elapsed = time.time() - t_run
     print()
     print(f"TTFT seconds (arrival -> first token); goodput = req/s with TTFT <= {args.slo}s; "
-          f"wstd = mean per-step std dev of admitted weights (tokens); capacity "
+          f"wstd = mean per-step std dev of admitted weights (tokens); sched ms = mean schedule() time per engine "
+          f"step; capacity "
           + ", ".join(f"{k} {v['req_s']:.2f} req/s" for k, v in capacity.items()))
     print(table)
     print(f"overall (all traces pooled, every load): {'PASS' if all_pass else 'FAIL'}; "
@@ -594,6 +615,8 @@ def main() -> int:
         "run_time_s": elapsed,
         "per_request": {f"x{load}-{policy}": [{t: reps[t]["requests"] for t in traces} for reps in raw[(load, policy)]]
                         for (load, policy) in raw},
+        "per_step": {f"x{load}-{policy}": [{t: {"t0": reps[t]["t0"], "comp": reps[t].get("comp", [])} for t in traces}
+                                           for reps in raw[(load, policy)]] for (load, policy) in raw},
     }
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)

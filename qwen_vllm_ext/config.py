@@ -92,12 +92,10 @@ class Settings:
     """Prefix-cache lookups per step only for the first K waiting candidates."""
     sched_fcfs_above: int = 0
     """Fall back to arrival order when more than this many requests wait (0 = never)."""
-    sched_queue_slack: float = 0.0
-    """A request waiting this many times the current FCFS queue delay goes first (0 = off)."""
-    sched_queue_floor_s: float = 1.0
-    """Minimum wait before the queue-relative rule (sched_queue_slack) applies, seconds."""
+    sched_aging_load_exponent: float = 1.0
+    """The aging half-life is multiplied by the measured overload factor to this power (0 = fixed)."""
     sched_rate_window_s: float = 10.0
-    """Window of the admitted-weight rate that turns queued weight into a queue delay, seconds."""
+    """Window of the arriving and admitted weight rates whose ratio is the overload factor, seconds."""
 
     # ---- gateway -------------------------------------------------------------------------------
     gateway: bool = False

@@ -18,22 +18,22 @@ rate (tokens per second) is tied to one weight scale and, once waits reach secon
 the weights so the order degenerates to FCFS (the throwaway prototype lost to FCFS at 1.7x load that way).
 Because every request decays at the same rate, the order is *time-invariant*: ranking by
 ``log2(weight) + arrival_time / half_life`` is equivalent to ranking by ``effective_weight`` at any instant,
-so a request's rank key is computed once (and again only when its cached-prefix estimate changes). Requests
-of equal weight are served in arrival order; ties are broken by arrival.
+so a request's rank key is computed once (and again only when its cached-prefix estimate or the half-life
+changes). Requests of equal weight are served in arrival order; ties are broken by arrival.
 
 **Hard maximum wait**: a request that has waited ``max_wait_s`` or longer is *overdue* and goes before every
 scored request, overdue requests in arrival order. This is the starvation guarantee; aging only shapes the
 order below it.
 
-**Queue-relative overdue lane** (``queue_slack > 0``): a request is also overdue once it has waited
-``queue_slack`` x the queue delay a request arriving *now* would see under FCFS (the weight waiting in the
-queue / the weight the scheduler has been admitting per second, over the last ``rate_window_s``), and at least
-``queue_floor_s``. Under FCFS the longest wait at any moment is about that queue delay, so no request waits much
-longer than FCFS's longest wait — the long-prompt tail stays near FCFS's — while short requests still overtake
-every request younger than that. A fixed half-life cannot do both across loads: short enough to protect long
-requests at a mild overload (shorts then overtake only recent arrivals), it leaves short requests queued behind
-the older backlog at a heavy one. Off by default: in the one benchmark run made with it (slack 1.0, half-life
-4 s) it did not beat the 1 s half-life alone (README, scheduling section).
+**Load-scaled half-life** (``aging_load_exponent > 0``): the half-life is multiplied by ``load ** exponent``,
+where ``load`` is the measured overload factor — the weight arriving per second over the weight admitted per
+second, both over the last ``rate_window_s`` — clamped to ``[1, MAX_LOAD_FACTOR]``. Below capacity nothing
+changes. Under overload the FCFS queue grows faster the heavier the load, and a fixed half-life then lets short
+requests overtake only a shrinking share of it: one short enough to keep long prompts' tail near FCFS's at a mild
+overload (about 1 s on the benchmark) leaves short requests queued behind the older backlog at a heavy one
+(about 2 s needed at 1.7x). Scaling with the measured load gives each its window (see the README's scheduler
+section for the sweep in the simulator and the engine runs). The factor is re-measured at every step; ranks are
+recomputed when it changes.
 
 **Grouping** (optional, ``group_ratio > 1``): after ordering, requests whose weight is within a factor
 ``group_ratio`` of the head's weight move ahead of the others (keeping their order) within the first
@@ -62,10 +62,11 @@ SETTING_FIELDS: dict[str, str] = {
     "sched_group_ratio": "group_ratio",
     "sched_lookup_candidates": "lookup_candidates",
     "sched_fcfs_above": "fcfs_above",
-    "sched_queue_slack": "queue_slack",
-    "sched_queue_floor_s": "queue_floor_s",
+    "sched_aging_load_exponent": "aging_load_exponent",
     "sched_rate_window_s": "rate_window_s",
 }
+MAX_LOAD_FACTOR = 4.0
+"""Upper clamp of the measured overload factor (a burst's first seconds can read far higher)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,12 +89,10 @@ class PolicyConfig:
     """Prefix-cache lookups per step: only the first K scored candidates are refreshed."""
     fcfs_above: int = 0
     """Order the scored lane by arrival when more than this many wait (0: never)."""
-    queue_slack: float = 0.0
-    """Overdue after waiting this many times the current FCFS queue delay (0: off)."""
-    queue_floor_s: float = 1.0
-    """...but never before this many seconds of waiting."""
+    aging_load_exponent: float = 1.0
+    """The half-life is multiplied by the measured overload factor to this power (0: fixed half-life)."""
     rate_window_s: float = 10.0
-    """Window of the admitted-weight rate that converts queued weight into a queue delay."""
+    """Window of the arriving and admitted weight rates whose ratio is the overload factor."""
 
     def __post_init__(self) -> None:
         if not (self.output_weight >= 0 and math.isfinite(self.output_weight)):
@@ -110,10 +109,8 @@ class PolicyConfig:
             raise ValueError(f"lookup_candidates must be >= 0, got {self.lookup_candidates!r}")
         if self.fcfs_above < 0:
             raise ValueError(f"fcfs_above must be >= 0, got {self.fcfs_above!r}")
-        for name in ("queue_slack", "queue_floor_s"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not (self.aging_load_exponent >= 0 and math.isfinite(self.aging_load_exponent)):
+            raise ValueError(f"aging_load_exponent must be a finite number >= 0, got {self.aging_load_exponent!r}")
         if not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
             raise ValueError(f"rate_window_s must be a finite number > 0, got {self.rate_window_s!r}")
 
@@ -153,42 +150,50 @@ def weight(uncached_prompt_tokens: int, expected_output: int, config: PolicyConf
     return max(uncached_prompt_tokens, 0) + config.output_weight * max(expected_output, 0)
 
 
-def effective_weight(w: float, wait_s: float, config: PolicyConfig) -> float:
-    """Weight after aging: halves every ``aging_half_life_s`` of waiting."""
+def load_factor(arriving_per_s: float | None, admitted_per_s: float | None) -> float:
+    """The overload factor: weight arriving per second / weight admitted per second, clamped to
+    ``[1, MAX_LOAD_FACTOR]`` (1.0 when either rate is unknown)."""
+    if not arriving_per_s or not admitted_per_s:
+        return 1.0
+    return min(max(arriving_per_s / admitted_per_s, 1.0), MAX_LOAD_FACTOR)
+
+
+def half_life(config: PolicyConfig, load: float = 1.0) -> float:
+    """The effective aging half-life at overload factor ``load``: ``aging_half_life_s x load ** exponent``."""
     if config.aging_half_life_s <= 0:
+        return 0.0
+    return config.aging_half_life_s * min(max(load, 1.0), MAX_LOAD_FACTOR) ** config.aging_load_exponent
+
+
+def effective_weight(w: float, wait_s: float, config: PolicyConfig, load: float = 1.0) -> float:
+    """Weight after aging: halves every :func:`half_life` of waiting."""
+    h = half_life(config, load)
+    if h <= 0:
         return w
-    return w * 2.0 ** (-max(wait_s, 0.0) / config.aging_half_life_s)
+    return w * 2.0 ** (-max(wait_s, 0.0) / h)
 
 
-def rank_key(w: float, arrival_time: float, config: PolicyConfig, epoch: float = 0.0) -> float:
-    """Time-invariant rank key (lower goes first): ``log2(weight) + (arrival - epoch) / half_life``.
+def rank_key(w: float, arrival_time: float, config: PolicyConfig, epoch: float = 0.0, load: float = 1.0) -> float:
+    """Rank key (lower goes first): ``log2(weight) + (arrival - epoch) / half_life``.
 
-    Comparing keys compares effective weights at any common instant; ``epoch`` (any fixed time, e.g. the
-    first arrival) only keeps the float small. Weights below 1 token count as 1.
+    Comparing keys compares effective weights at any common instant, for one half-life (one ``load``);
+    ``epoch`` (any fixed time, e.g. the first arrival) only keeps the float small. Weights below 1 token count
+    as 1.
     """
     key = math.log2(max(w, 1.0))
-    if config.aging_half_life_s > 0:
-        key += (arrival_time - epoch) / config.aging_half_life_s
+    h = half_life(config, load)
+    if h > 0:
+        key += (arrival_time - epoch) / h
     return key
 
 
-def overdue_age(config: PolicyConfig, queue_delay_s: float | None = None) -> float:
-    """The wait after which a request is overdue: ``max_wait_s`` and, when the FCFS queue delay is known,
-    ``max(queue_floor_s, queue_slack x queue_delay_s)`` — whichever comes first (inf: never)."""
-    age = config.max_wait_s if config.max_wait_s > 0 else math.inf
-    if config.queue_slack > 0 and queue_delay_s is not None:
-        age = min(age, max(config.queue_floor_s, config.queue_slack * queue_delay_s))
-    return age
-
-
-def is_overdue(arrival_time: float, now: float, config: PolicyConfig, queue_delay_s: float | None = None) -> bool:
-    """True when the request has waited at least :func:`overdue_age` (``max_wait_s`` alone when the queue delay
-    is unknown; never when both are off)."""
-    return now - arrival_time >= overdue_age(config, queue_delay_s)
+def is_overdue(arrival_time: float, now: float, config: PolicyConfig) -> bool:
+    """True when the request has waited at least ``max_wait_s`` (never when that is 0)."""
+    return config.max_wait_s > 0 and now - arrival_time >= config.max_wait_s
 
 
 class RateMeter:
-    """Admitted weight per second over a sliding window (pure; the scheduler feeds it once per step)."""
+    """Weight per second over a sliding window (pure; the queue feeds one for arrivals, one for admissions)."""
 
     def __init__(self, window_s: float = 10.0) -> None:
         from collections import deque
@@ -211,7 +216,7 @@ class RateMeter:
             self._sum -= self._events.popleft()[1]
 
     def rate(self, now: float) -> float | None:
-        """Weight per second over the window (None before a full second of observation or with nothing admitted
+        """Weight per second over the window (None before a full second of observation or with nothing recorded
         in the window: no estimate)."""
         if self._first is None or now - self._first < 1.0:
             return None
@@ -219,11 +224,6 @@ class RateMeter:
         if not self._events:
             return None
         return max(self._sum, 0.0) / min(self.window_s, now - self._first)
-
-    def queue_delay(self, queued_weight: float, now: float) -> float | None:
-        """Seconds to admit ``queued_weight`` at the measured rate (None: unknown)."""
-        rate = self.rate(now)
-        return None if not rate else max(queued_weight, 0.0) / rate
 
 
 @dataclasses.dataclass
@@ -246,14 +246,14 @@ class Job:
 
 
 def sort_key(job: Job, now: float, config: PolicyConfig, *, epoch: float = 0.0, use_priority: bool = False,
-             fcfs: bool = False, queue_delay_s: float | None = None) -> tuple:
+             fcfs: bool = False, load: float = 1.0) -> tuple:
     """The full sort tuple: overdue lane (arrival order) < scored lane ((priority), rank key, arrival, seq)."""
-    if is_overdue(job.arrival_time, now, config, queue_delay_s):
+    if is_overdue(job.arrival_time, now, config):
         return (0, 0, 0.0, job.arrival_time, job.seq)
     if fcfs:
         return (1, 0, 0.0, job.arrival_time, job.seq)
-    return (1, job.priority if use_priority else 0, rank_key(job.weight(config), job.arrival_time, config, epoch),
-            job.arrival_time, job.seq)
+    return (1, job.priority if use_priority else 0,
+            rank_key(job.weight(config), job.arrival_time, config, epoch, load), job.arrival_time, job.seq)
 
 
 def group_window(items: list, weights: Sequence[float], start: int, config: PolicyConfig) -> list:
@@ -271,19 +271,18 @@ def group_window(items: list, weights: Sequence[float], start: int, config: Poli
 
 
 def order(jobs: Iterable[Job], now: float, config: PolicyConfig, *, use_priority: bool = False,
-          queue_delay_s: float | None = None) -> list[Job]:
-    """Reference ordering of a scored lane at time ``now`` (overdue first by arrival, then by rank key with
-    ties by arrival, FCFS above ``fcfs_above``, then grouping). The vLLM queue applies the same rules."""
+          load: float = 1.0) -> list[Job]:
+    """Reference ordering of a scored lane at time ``now`` and overload factor ``load`` (overdue first by
+    arrival, then by rank key with ties by arrival, FCFS above ``fcfs_above``, then grouping). The vLLM queue
+    applies the same rules."""
     jobs = list(jobs)
     epoch = min((j.arrival_time for j in jobs), default=0.0)
-    scored = sum(1 for j in jobs if not is_overdue(j.arrival_time, now, config, queue_delay_s))
+    scored = sum(1 for j in jobs if not is_overdue(j.arrival_time, now, config))
     fcfs = 0 < config.fcfs_above < scored
-    jobs.sort(key=lambda j: sort_key(j, now, config, epoch=epoch, use_priority=use_priority, fcfs=fcfs,
-                                     queue_delay_s=queue_delay_s))
+    jobs.sort(key=lambda j: sort_key(j, now, config, epoch=epoch, use_priority=use_priority, fcfs=fcfs, load=load))
     if fcfs:
         return jobs
-    first_scored = next((i for i, j in enumerate(jobs) if not is_overdue(j.arrival_time, now, config, queue_delay_s)),
-                        len(jobs))
+    first_scored = next((i for i, j in enumerate(jobs) if not is_overdue(j.arrival_time, now, config)), len(jobs))
     return group_window(jobs, [j.weight(config) for j in jobs], first_scored, config)
 
 

@@ -13,7 +13,8 @@ pops it when admitted, ``break`` s on KV-allocation failure and *prepends* preem
 * a FIFO **front lane** for everything prepended (preempted, skipped), served first, in order;
 * a **scored lane**: overdue requests (waited ``max_wait_s``) first in arrival order, then the rest by
   the policy's rank key (:mod:`.policy`), re-sorted once per ``schedule()`` — never between a peek and the
-  following pop, so peek and pop return the same request.
+  following pop, so peek and pop return the same request. The queue measures the weight arriving and the weight
+  admitted per second; their ratio (the overload factor) scales the aging half-life.
 
 Cache awareness: a request's cached-prefix tokens are looked up once on arrival and again, at the start of
 each step, for the first ``lookup_candidates`` scored requests only, through
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 import os
 import time
 from collections import deque
@@ -35,8 +37,8 @@ from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, expected_output_tokens, group_window,
-                     is_overdue, rank_key)
+from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, expected_output_tokens, group_window, half_life,
+                     is_overdue, load_factor, rank_key)
 
 __all__ = [
     "TokenWeightedRequestQueue",
@@ -62,6 +64,10 @@ def _sort_tuple(e: _Entry, use_priority: bool, fcfs: bool) -> tuple:
     if fcfs:
         return (1, 0, 0.0, e.arrival_time, e.seq)
     return (1, e.payload.priority if use_priority else 0, e.rank, e.arrival_time, e.seq)
+
+
+RERANK_TOLERANCE = 0.02
+"""Ranks are recomputed when the load-scaled half-life moves by more than this fraction."""
 
 
 def _sort_of(e: _Entry) -> tuple:
@@ -90,10 +96,15 @@ class TokenWeightedRequestQueue(RequestQueue):
         self._epoch: float | None = None
         self._now = 0.0
         self._fcfs = False
-        self.rate = RateMeter(config.rate_window_s)
-        """Admitted weight per second (fed by the scheduler each step): turns queued weight into a queue delay."""
-        self.queue_delay_s: float | None = None
-        """The FCFS queue delay estimate of the last refresh() (None: unknown)."""
+        self.admitted_rate = RateMeter(config.rate_window_s)
+        """Weight admitted per second (fed by the scheduler each step)."""
+        self.arriving_rate = RateMeter(config.rate_window_s)
+        """Weight arriving per second (fed by add_request)."""
+        self.load = 1.0
+        """The overload factor of the last refresh() (arriving / admitted weight rate, clamped; 1.0 = unknown)."""
+        self._rank_load = 1.0
+        self.half_life_s = half_life(config, 1.0)
+        """The aging half-life the ranks were computed with (at overload factor ``_rank_load``)."""
         # Requests popped since begin_step() -> whether they came through the overdue (max-wait) lane.
         self.step_popped: dict[Request, bool] = {}
 
@@ -111,7 +122,7 @@ class TokenWeightedRequestQueue(RequestQueue):
         if self._epoch is None:
             self._epoch = e.arrival_time
         e.w = e.weight(self.config)
-        e.rank = rank_key(e.w, e.arrival_time, self.config, self._epoch)
+        e.rank = rank_key(e.w, e.arrival_time, self.config, self._epoch, self._rank_load)
 
     def weight_of(self, request: Request) -> float:
         """The policy weight of ``request`` with its last known cached-prefix estimate."""
@@ -131,10 +142,16 @@ class TokenWeightedRequestQueue(RequestQueue):
         self._now = now
         cfg = self.config
         live = [e for e in self._lane[self._head:] if not e.removed]
-        self.queue_delay_s = self.rate.queue_delay(sum(e.w for e in live), now) if cfg.queue_slack > 0 else None
+        self.load = load_factor(self.arriving_rate.rate(now), self.admitted_rate.rate(now))
+        h = half_life(cfg, self.load)
+        if abs(h - self.half_life_s) > RERANK_TOLERANCE * self.half_life_s:
+            # Ranks compare effective weights for one half-life: recompute them all when it moves.
+            self.half_life_s, self._rank_load = h, self.load
+            for e in live:
+                e.rank = rank_key(e.w, e.arrival_time, cfg, self._epoch or 0.0, self._rank_load)
         num_scored = 0
         for e in live:
-            e.overdue = is_overdue(e.arrival_time, now, cfg, self.queue_delay_s)
+            e.overdue = is_overdue(e.arrival_time, now, cfg)
             num_scored += not e.overdue
         self._fcfs = 0 < cfg.fcfs_above < num_scored
         for e in live:
@@ -182,7 +199,8 @@ class TokenWeightedRequestQueue(RequestQueue):
         if self._lookup is not None and not self._fcfs and self.config.lookup_candidates > 0:
             e.cached_tokens = self._cached_tokens(request)
         self._rescore(e)
-        e.overdue = is_overdue(e.arrival_time, self._now, self.config, self.queue_delay_s)
+        self.arriving_rate.record(e.arrival_time, e.w)
+        e.overdue = is_overdue(e.arrival_time, self._now, self.config)
         e.sort = _sort_tuple(e, self._use_priority, self._fcfs)
         self._members[request] = e
         if self._head and self._head * 2 > len(self._lane):
@@ -356,6 +374,12 @@ class TokenWeightedMixin:
         _publish(self, now)
         return output
 
+    def update_from_output(self, *args: Any, **kwargs: Any):
+        outputs = super().update_from_output(*args, **kwargs)
+        if not self.has_unfinished_requests():
+            _publish(self, self.qwen_clock(), idle=True)
+        return outputs
+
     def _qwen_record_step(self, output: Any, now: float) -> None:
         popped = self.waiting.step_popped
         scheduled = output.num_scheduled_tokens
@@ -376,7 +400,7 @@ class TokenWeightedMixin:
                 cache_hits += cached
                 prompt_tokens += request.num_prompt_tokens
         self.qwen_stats.record_step(weights, waits, overdue, cache_hits, prompt_tokens)
-        self.waiting.rate.record(now, sum(weights))
+        self.waiting.admitted_rate.record(now, sum(weights))
         self.waiting.begin_step()
 
     def qwen_status(self) -> dict[str, Any]:
@@ -384,7 +408,8 @@ class TokenWeightedMixin:
         return {
             "scheduler": type(self).__name__,
             "policy": dataclasses.asdict(self.qwen_policy),
-            "stats": self.qwen_stats.snapshot(),
+            "stats": {**self.qwen_stats.snapshot(), "load_factor": self.waiting.load,
+                      "half_life_s": self.waiting.half_life_s},
         }
 
 
@@ -448,16 +473,16 @@ def install(settings) -> bool:
     return True
 
 
-def _publish(scheduler: TokenWeightedMixin, now: float) -> None:
-    """Write ``qwen_status()`` for the API server's health route and /metrics: after every step that admitted
-    requests (an idle engine stops calling schedule(), so the last admissions must not wait for a timer),
-    otherwise at most once a second."""
+def _publish(scheduler: TokenWeightedMixin, now: float, idle: bool = False) -> None:
+    """Write ``qwen_status()`` for the API server's health route and /metrics: at most once per
+    ``PUBLISH_EVERY_S`` while the engine is busy (a file write per step was a third of the scheduler's own cost
+    per step), and at once when it goes idle with unpublished admissions (``idle``: it then stops calling
+    schedule(), so the last admissions must not wait for a timer)."""
     admitted = scheduler.qwen_stats.admitted
-    if admitted == getattr(scheduler, "_qwen_published_admitted", -1) and \
-            now - getattr(scheduler, "_qwen_published", 0.0) < PUBLISH_EVERY_S:
+    changed = admitted != getattr(scheduler, "_qwen_published_admitted", -1)
+    if not (idle and changed) and now - getattr(scheduler, "_qwen_published", -math.inf) < PUBLISH_EVERY_S:
         return
     scheduler._qwen_published, scheduler._qwen_published_admitted = now, admitted
     from .. import status
 
     status.write_json(f"scheduler-{os.getpid()}.json", {"pid": os.getpid(), **scheduler.qwen_status()})
-

@@ -8,20 +8,17 @@ import random
 from collections import Counter
 
 import pytest
-import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
 
 from qwen_vllm_ext.demo import ensure_demo_model
 from qwen_vllm_ext.scheduling.policy import PolicyConfig
+from qwen_vllm_ext.scheduling.sim import build_config, build_scheduler
 from qwen_vllm_ext.scheduling.vllm_scheduler import (
     TokenWeightedAsyncScheduler,
     TokenWeightedRequestQueue,
@@ -49,29 +46,14 @@ def model_dir() -> str:
 
 def make_config(model_dir, *, num_blocks=1000, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=2048,
                 async_scheduling=False):
-    scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                       max_model_len=max_model_len, enable_chunked_prefill=True,
-                                       is_encoder_decoder=False)
-    model_config = ModelConfig(model=model_dir, dtype="float32", seed=0, skip_tokenizer_init=True,
-                               max_model_len=max_model_len)
-    cache_config = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
-    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
-                             cache_config=cache_config)
-    vllm_config.scheduler_config.async_scheduling = async_scheduling  # the CPU platform forces it off
-    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1,
-                                                      dtype=torch.float32))])
-    cache_config.num_gpu_blocks = num_blocks
-    return vllm_config, kv_cache_config
+    return build_config(model_dir, num_blocks=num_blocks, max_num_seqs=max_num_seqs, block_size=BLOCK,
+                        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                        async_scheduling=async_scheduling)
 
 
 def make_scheduler(model_dir, cls=TokenWeightedScheduler, *, policy=None, clock=None, **kwargs):
-    vllm_config, kv_cache_config = make_config(model_dir, **kwargs)
-    scheduler = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=BLOCK,
-                    structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True)
-    if hasattr(scheduler, "qwen_configure"):
-        scheduler.qwen_configure(policy=policy or PolicyConfig(), clock=clock or Clock())
-    return scheduler
+    return build_scheduler(model_dir, cls, policy=policy, clock=clock or Clock(), log_stats=True, block_size=BLOCK,
+                           **{"num_blocks": 1000, "max_num_seqs": 16, "max_model_len": 2048, **kwargs})
 
 
 _ids = itertools.count()
@@ -228,29 +210,83 @@ def test_request_past_max_wait_goes_first(model_dir):
     assert [r.req_id for r in relaxed.schedule().scheduled_new_reqs] == ["short", "old-long"]
 
 
-def test_request_older_than_the_fcfs_queue_delay_goes_first(model_dir):
-    """The queue-relative overdue lane inside the real scheduler: the admitted-weight rate is measured from the
-    steps, queued weight / rate is the FCFS queue delay, and a request that waited longer goes first."""
-    def run(slack: float) -> tuple[list[str], float | None]:
+def test_measured_overload_lengthens_the_half_life(model_dir):
+    """Inside the real scheduler the queue measures the weight arriving and the weight admitted per second; their
+    ratio (the overload factor) scales the half-life, so under overload a light request overtakes a heavy one that
+    arrived longer ago than it could at capacity."""
+    def run(exponent: float) -> tuple[list[str], object]:
         clock = Clock(T0)
-        scheduler = make_scheduler(model_dir, clock=clock, max_num_batched_tokens=512, policy=PolicyConfig(
-            max_wait_s=0, aging_half_life_s=1000.0, queue_slack=slack, queue_floor_s=1.0))
+        scheduler = make_scheduler(model_dir, clock=clock, policy=PolicyConfig(
+            max_wait_s=0, aging_half_life_s=1.0, aging_load_exponent=exponent))
         scheduler.add_request(make_request("warm", 1000, arrival=T0))
-        step(scheduler)  # admits "warm" (weight 1000 + 0.7 x 8): the rate meter's first admission
-        scheduler.add_request(make_request("old-long", 1200, arrival=T0 - 5.0))
-        for i in range(4):
-            scheduler.add_request(make_request(f"short{i}", 30, arrival=T0 + 8.5))
-        clock.t = T0 + 9.0
+        step(scheduler)  # admits "warm" (weight 1000 + 0.7 x 8) at T0: the only admission so far
+        scheduler.add_request(make_request("long", 1600, max_tokens=1, arrival=T0 + 1.0))
+        scheduler.add_request(make_request("short", 100, max_tokens=1, arrival=T0 + 6.0))
+        clock.t = T0 + 6.0
         order = admission_order(scheduler)
         scheduler.schedule()
-        return order, scheduler.waiting.queue_delay_s
+        return order, scheduler.waiting
 
-    order, delay = run(1.0)
-    # rate = 1005.6 / 9 s; queued = 1205.6 + 4 x 35.6 -> ~12.1 s, and "old-long" has waited 14 s.
-    assert delay == pytest.approx((1205.6 + 4 * 35.6) / (1005.6 / 9.0), rel=1e-6)
-    assert order[0] == "old-long"
-    order, delay = run(0.0)  # rule off: the short requests overtake it
-    assert delay is None and order[0] == "short0"
+    # log2(1600.7 / 100.7) = 3.99 half-lives of head start; the long request has waited 5 s longer.
+    order, queue = run(1.0)
+    arriving, admitted = (1005.6 + 1600.7 + 100.7) / 6.0, 1005.6 / 6.0
+    assert queue.load == pytest.approx(arriving / admitted, rel=1e-6)   # ~2.69: half-life ~2.69 s
+    assert queue.half_life_s == pytest.approx(queue.load, rel=0.03)
+    assert order[:2] == ["short", "long"]
+    status = queue.stats.snapshot()
+    assert status["admitted"] >= 1
+    order, queue = run(0.0)  # fixed 1 s half-life: 5 s > 3.99 half-lives, the long request goes first
+    assert queue.half_life_s == 1.0 and order[:2] == ["long", "short"]
+
+
+def test_status_is_published_throttled_while_busy_and_at_once_when_idle(model_dir, tmp_path, monkeypatch):
+    """The health route's status file: written at most once a second while the engine steps, and by the step that
+    leaves the engine idle (no later schedule() call would publish those admissions)."""
+    import json
+    import os
+
+    monkeypatch.setenv("QWEN_VLLM_EXT_INSTANCE_DIR", str(tmp_path))
+    clock = Clock(T0)
+    scheduler = make_scheduler(model_dir, clock=clock)
+    path = tmp_path / f"scheduler-{os.getpid()}.json"
+
+    def published() -> int:
+        return json.loads(path.read_text())["stats"]["admitted"]
+
+    scheduler.add_request(make_request("a", 40, max_tokens=3, arrival=T0))
+    step(scheduler)
+    assert published() == 1                       # first write: nothing published before
+    scheduler.add_request(make_request("b", 40, max_tokens=3, arrival=T0))
+    clock.t = T0 + 0.1
+    step(scheduler)
+    assert published() == 1                       # busy, 0.1 s later: throttled
+    clock.t = T0 + 0.2
+    while scheduler.has_unfinished_requests():
+        step(scheduler)
+    assert published() == 2                       # the step that emptied the engine wrote it
+
+
+def test_simulator_replays_a_trace_through_the_real_schedulers(model_dir):
+    """``scheduling.sim`` on a virtual clock: every request finishes once with exactly its output tokens, TTFTs
+    are positive, and the token-weighted scheduler lets short requests that arrive behind long ones overtake them
+    where vLLM's FCFS scheduler does not."""
+    from qwen_vllm_ext.scheduling.sim import StepCostModel, simulate
+
+    cost = StepCostModel(base=0.007, per_request=0.0002, per_token=0.0002, per_ctx=5e-8)
+    reqs = [{"i": i, "prompt_len": 1500 if i % 4 == 0 else 60, "max_tokens": 4 + i % 5, "long": i % 4 == 0}
+            for i in range(24)]
+    arrivals = [0.05 * i for i in range(24)]  # faster than the engine: a queue builds
+    runs = {tw: simulate(model_dir, reqs, arrivals, cost, token_weighted=tw, max_num_seqs=8,
+                         max_num_batched_tokens=512, max_model_len=2048) for tw in (False, True)}
+    for run in runs.values():
+        assert sorted(r["i"] for r in run["requests"]) == list(range(24))
+        assert all(r["out_tokens"] == r["max_tokens"] and 0 < r["ttft"] <= r["e2e"] for r in run["requests"])
+
+    def short_mean(run):
+        return sum(r["ttft"] for r in run["requests"] if not r["long"]) / 18
+
+    assert short_mean(runs[True]) < 0.7 * short_mean(runs[False])
+    assert runs[True]["qwen_stats"]["admitted"] == 24 and runs[False]["qwen_stats"] is None
 
 
 # ---- preemption and removal ----------------------------------------------------------------------------

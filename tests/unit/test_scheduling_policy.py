@@ -185,48 +185,48 @@ def test_admission_stats_snapshot_and_drain():
     assert policy.quantile([], 0.5) == 0.0 and policy.stddev([3.0]) == 0.0
 
 
-def test_queue_relative_overdue_age():
-    cfg = PolicyConfig(max_wait_s=30.0, queue_slack=1.5, queue_floor_s=2.0)
-    assert policy.overdue_age(cfg) == 30.0                       # queue delay unknown: max wait only
-    assert policy.overdue_age(cfg, queue_delay_s=10.0) == 15.0   # slack x delay
-    assert policy.overdue_age(cfg, queue_delay_s=0.5) == 2.0     # floored
-    assert policy.overdue_age(cfg, queue_delay_s=100.0) == 30.0  # max wait still bounds it
-    assert policy.overdue_age(PolicyConfig(max_wait_s=0, queue_slack=0), 5.0) == math.inf
-    assert policy.overdue_age(PolicyConfig(max_wait_s=0, queue_slack=1.0, queue_floor_s=0), 5.0) == 5.0
-    assert policy.is_overdue(0.0, 15.0, cfg, 10.0) and not policy.is_overdue(0.1, 15.0, cfg, 10.0)
+def test_load_factor_and_half_life():
+    assert policy.load_factor(None, 100.0) == 1.0 and policy.load_factor(100.0, None) == 1.0  # unknown
+    assert policy.load_factor(50.0, 100.0) == 1.0                     # below capacity: no change
+    assert policy.load_factor(170.0, 100.0) == pytest.approx(1.7)
+    assert policy.load_factor(1e6, 1.0) == policy.MAX_LOAD_FACTOR      # a burst's first seconds: clamped
+    cfg = PolicyConfig(aging_half_life_s=1.0, aging_load_exponent=1.0)
+    assert policy.half_life(cfg) == 1.0 and policy.half_life(cfg, 1.7) == pytest.approx(1.7)
+    assert policy.half_life(PolicyConfig(aging_half_life_s=0.5, aging_load_exponent=2.0), 2.0) == pytest.approx(2.0)
+    assert policy.half_life(PolicyConfig(aging_load_exponent=0.0), 3.0) == 1.0   # exponent 0: fixed
+    assert policy.half_life(PolicyConfig(aging_half_life_s=0.0), 3.0) == 0.0     # no aging stays no aging
+    assert policy.effective_weight(1000.0, 1.7, cfg, load=1.7) == pytest.approx(500.0)
 
 
-def test_queue_relative_lane_serves_old_long_requests_before_fresh_short_ones():
-    """A long request that waited longer than the FCFS queue delay goes before fresh short ones, oldest first;
-    younger long requests stay behind the short ones (shorts still overtake them)."""
-    cfg = PolicyConfig(max_wait_s=0, aging_half_life_s=1000.0, queue_slack=1.0, queue_floor_s=1.0)
-    jobs = [job("long-young", 8.0, 3000), job("long-old", 2.0, 3000), job("long-older", 1.0, 3500),
-            job("short", 9.5, 50)]
-    assert ids(order(jobs, now=10.0, config=cfg, queue_delay_s=None)) == ["short", "long-old", "long-young",
-                                                                          "long-older"]
-    assert ids(order(jobs, now=10.0, config=cfg, queue_delay_s=5.0)) == ["long-older", "long-old", "short",
-                                                                         "long-young"]
-    # Slack 0 turns the rule off whatever the delay.
-    off = PolicyConfig(max_wait_s=0, aging_half_life_s=1000.0, queue_slack=0.0)
-    assert ids(order(jobs, now=10.0, config=off, queue_delay_s=0.1))[0] == "short"
+def test_overload_widens_the_overtaking_window():
+    """A 16x lighter request overtakes a heavier one that arrived up to log2(16) = 4 half-lives earlier: 4 s at
+    capacity, 8 s at twice the capacity (load-scaled half-life)."""
+    cfg = PolicyConfig(aging_half_life_s=1.0, aging_load_exponent=1.0, max_wait_s=0)
+    jobs = [job("long", 0.0, 1600, max_tokens=0), job("short", 6.0, 100, max_tokens=0)]
+    assert ids(order(jobs, now=6.0, config=cfg)) == ["long", "short"]              # 6 s > 4 half-lives of 1 s
+    assert ids(order(jobs, now=6.0, config=cfg, load=2.0)) == ["short", "long"]    # 6 s < 4 half-lives of 2 s
+    fixed = PolicyConfig(aging_half_life_s=1.0, aging_load_exponent=0.0, max_wait_s=0)
+    assert ids(order(jobs, now=6.0, config=fixed, load=2.0)) == ["long", "short"]
+    # The hard maximum wait still wins over any half-life.
+    capped = PolicyConfig(aging_half_life_s=1.0, aging_load_exponent=1.0, max_wait_s=5.0)
+    assert ids(order(jobs, now=6.0, config=capped, load=4.0)) == ["long", "short"]
 
 
-def test_rate_meter_window_and_queue_delay():
+def test_rate_meter_window():
     meter = policy.RateMeter(window_s=10.0)
-    assert meter.rate(0.0) is None and meter.queue_delay(1000, 0.0) is None
+    assert meter.rate(0.0) is None
     meter.record(0.0, 0.0)
     meter.record(0.5, 500.0)
     assert meter.rate(0.9) is None                   # under a second observed: no estimate yet
     meter.record(2.0, 1500.0)
     assert meter.rate(4.0) == pytest.approx(2000.0 / 4.0)
-    assert meter.queue_delay(1000.0, 4.0) == pytest.approx(2.0)
-    assert meter.rate(11.5) == pytest.approx(1500.0 / 10.0)   # the 0.5 s admission left the window
-    assert meter.rate(13.0) is None                  # nothing admitted in the window: unknown, not infinite
+    assert meter.rate(11.5) == pytest.approx(1500.0 / 10.0)   # the 0.5 s record left the window
+    assert meter.rate(13.0) is None                  # nothing recorded in the window: unknown, not infinite
     meter.record(13.0, 0.0)
     assert meter.rate(13.5) is None
 
 
-def test_queue_settings_validation():
-    for bad in ({"queue_slack": -1}, {"queue_floor_s": float("inf")}, {"rate_window_s": 0}):
+def test_load_settings_validation():
+    for bad in ({"aging_load_exponent": -1}, {"aging_load_exponent": float("inf")}, {"rate_window_s": 0}):
         with pytest.raises(ValueError):
             PolicyConfig(**bad)

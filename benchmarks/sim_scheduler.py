@@ -1,0 +1,165 @@
+#!/usr/bin/env python
+"""Simulate ``bench_scheduler.py``'s traces through the real vLLM schedulers on a virtual clock, in seconds.
+
+vLLM's own ``Scheduler`` (FCFS) and the token-weighted one are driven without a model
+(``qwen_vllm_ext.scheduling.sim``); each step's duration comes from a linear cost model fitted to a real engine's
+per-step records (``--fit``: a ``bench_scheduler.py`` results JSON, which records every step's composition). Use
+it to explore policy settings; confirm on the real engine with ``bench_scheduler.py``. ``--fit`` also replays the
+real run's traces at its rates and prints simulated next to measured figures, so the model's fidelity is visible.
+
+    .venv/bin/python benchmarks/sim_scheduler.py --fit benchmarks/results/bench_scheduler.json
+    .venv/bin/python benchmarks/sim_scheduler.py --fit benchmarks/results/bench_scheduler.json \\
+        --config h1:AGING_HALF_LIFE_S=1 --config h4:AGING_HALF_LIFE_S=4,QUEUE_SLACK=1
+
+``--config NAME:KEY=VALUE,...`` (repeatable) names a token-weighted configuration; keys are ``sched_*`` settings
+without the prefix (``QWEN_VLLM_EXT_SCHED_`` spelling accepted). Without ``--config``: the shipped defaults.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import bench_scheduler as bench  # noqa: E402  (traces, metrics: the same code as the real benchmark)
+
+from qwen_vllm_ext.scheduling.policy import SETTING_FIELDS, PolicyConfig  # noqa: E402
+from qwen_vllm_ext.scheduling.sim import StepCostModel, fit_cost_model, simulate  # noqa: E402
+
+METRICS = (("ttft_mean_s", "mean", "<=", 0.5), ("long_decile_p99_ttft_s", "long p99", "<=", 1.2),
+           ("output_tok_s", "tok/s", ">=", 1.0))
+
+
+def parse_config(text: str) -> tuple[str, PolicyConfig]:
+    name, _, body = text.partition(":")
+    values = {}
+    for kv in filter(None, body.split(",")):
+        key, _, value = kv.partition("=")
+        key = key.strip().lower().removeprefix("qwen_vllm_ext_").removeprefix("sched_")
+        field = SETTING_FIELDS.get("sched_" + key)
+        if field is None:
+            raise SystemExit(f"--config {text!r}: unknown setting {key!r}; known: "
+                             + ", ".join(s.removeprefix("sched_") for s in SETTING_FIELDS))
+        default = getattr(PolicyConfig(), field)
+        values[field] = type(default)(value)
+    return name or "tw", PolicyConfig(**values)
+
+
+def run_traces(model_dir: str, traces: list[str], n: int, rates: dict[str, float], cost: StepCostModel, seed: int,
+               token_weighted: bool, policy: PolicyConfig | None) -> dict[str, dict]:
+    out = {}
+    for kind in traces:
+        out[kind] = simulate(model_dir, bench.make_mix(kind, n, seed), bench.make_arrivals(kind, n, rates[kind], seed),
+                             cost, token_weighted=token_weighted, policy=policy, max_num_seqs=bench.ENGINE_KW["max_num_seqs"],
+                             max_num_batched_tokens=bench.ENGINE_KW["max_num_batched_tokens"],
+                             max_model_len=bench.ENGINE_KW["max_model_len"])
+    return out
+
+
+def summaries(runs: dict[str, dict], traces: list[str], slo: float) -> dict[str, dict]:
+    s = {kind: bench.summarize(runs[kind], slo) for kind in traces}
+    s["all"] = bench.summarize(bench.pooled([runs[k] for k in traces]), slo)
+    return s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fit", required=True, help="bench_scheduler.py results JSON with per-step records")
+    ap.add_argument("--config", action="append", default=[], help="NAME:KEY=VALUE,... token-weighted configuration")
+    ap.add_argument("--loads", default="1.2,1.7")
+    ap.add_argument("--traces", default="longtail,burst")
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--seeds", default="0", help="trace seeds (comma-separated): results pooled per seed, shown each")
+    ap.add_argument("--slo", type=float, default=2.0)
+    ap.add_argument("--model", default="prefill-bench")
+    ap.add_argument("--out", default=os.path.join(bench.RESULTS, "sim_scheduler.json"))
+    args = ap.parse_args()
+
+    from qwen_vllm_ext.demo import ensure_demo_model
+
+    model_dir = str(ensure_demo_model(variant=args.model))
+    with open(args.fit) as f:
+        real = json.load(f)
+    records = []
+    for key, reps in real.get("per_step", {}).items():
+        for rep in reps:
+            for trace in rep.values():
+                records.append(trace["comp"])
+    if not records:
+        raise SystemExit(f"{args.fit} has no per-step records (run bench_scheduler.py from this version)")
+    # Every run's steps, runs kept apart (the time gap between two runs is idle time, dropped by the fit).
+    pooled_records = []
+    for rec in records:
+        if rec:
+            pooled_records += rec + [[rec[-1][0] + 1e6, 0, 0, 0, 0, 0]]
+    cost, stats = fit_cost_model(pooled_records)
+    print(f"cost model (s/step) = {cost.base * 1e3:.2f} ms + {cost.per_request * 1e3:.3f} ms/request + "
+          f"{cost.per_token * 1e3:.4f} ms/token + {cost.per_ctx * 1e9:.3f} ns/(token x context); fitted on "
+          f"{stats['steps']} steps, R^2 {stats['r2']:.3f}, median |error| {100 * stats['median_rel_err']:.0f}%", flush=True)
+
+    traces = [t for t in args.traces.split(",") if t]
+    loads = [float(x) for x in args.loads.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    configs = [parse_config(c) for c in args.config] or [("default", PolicyConfig())]
+    t_start = time.time()
+
+    # Fidelity: the real run's traces at its rates, simulated, next to its measured figures.
+    real_cap = {k: v["req_s"] for k, v in real["capacity"].items()}
+    real_n = real["requests_per_trace"]
+    print(f"\nfidelity (real run's traces at its rates; real TW settings {real.get('token_weighted_settings') or 'defaults'}):")
+    real_policy = parse_config("real:" + ",".join(f"{k}={v}" for k, v in (real.get("token_weighted_settings") or {}).items()))[1]
+    fidelity = {}
+    for load in real["loads"]:
+        rates = {k: load * real_cap[k] for k in traces}
+        for policy in ("fcfs", "tw"):
+            sim_runs = run_traces(model_dir, traces, real_n, rates, cost, real["args"]["seed"], policy == "tw",
+                                  real_policy if policy == "tw" else None)
+            s = summaries(sim_runs, traces, args.slo)["all"]
+            r = real["summary"][str(load)]["all"][policy]
+            fidelity[f"{load}-{policy}"] = {"sim": s, "real": {m: r[m] for m, *_ in METRICS}}
+            print(f"  {load}x {policy:>4}: " + "  ".join(
+                f"{label} sim {s[m]:.2f} / real {r[m]:.2f}" for m, label, *_ in METRICS), flush=True)
+
+    # Capacity in the simulator (FCFS, all at once), then the configurations at each load.
+    cap = {}
+    for kind in traces:
+        mix = bench.make_mix(kind, 120, 1000)
+        run = simulate(model_dir, mix, [0.0] * len(mix), cost, token_weighted=False)
+        cap[kind] = len(mix) / (run["t_end"] - run["t0"])
+    print("\nsimulated capacity: " + ", ".join(f"{k} {v:.2f} req/s" for k, v in cap.items()))
+    table = {}
+    for seed in seeds:
+        for load in loads:
+            rates = {k: load * cap[k] for k in traces}
+            base = summaries(run_traces(model_dir, traces, args.requests, rates, cost, seed, False, None), traces, args.slo)
+            for name, cfg in configs:
+                tw = summaries(run_traces(model_dir, traces, args.requests, rates, cost, seed, True, cfg), traces,
+                               args.slo)
+                row = {}
+                for scope in traces + ["all"]:
+                    row[scope] = {m: tw[scope][m] / base[scope][m] for m, *_ in METRICS}
+                ok = all((row["all"][m] <= lim) if op == "<=" else (row["all"][m] >= lim) for m, _, op, lim in METRICS)
+                table.setdefault(name, {})[f"{seed}-{load}"] = row
+                print(f"seed {seed} {load}x {name:>14}: pooled " + "  ".join(
+                    f"{label} {row['all'][m]:.2f}" for m, label, *_ in METRICS)
+                    + "  | " + "  ".join(f"{t}: " + "/".join(f"{row[t][m]:.2f}" for m, *_ in METRICS) for t in traces)
+                    + ("  PASS" if ok else ""), flush=True)
+    print(f"({time.time() - t_start:.0f} s)")
+    with open(args.out, "w") as f:
+        json.dump({"cost_model": dataclasses.asdict(cost), "fit": stats,
+                   "fidelity": fidelity, "capacity": cap, "ratios": table,
+                   "configs": {n: vars(c) for n, c in configs}}, f, indent=1, default=str)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
