@@ -33,10 +33,15 @@ class SchedulerCollector:
                                          "Mean per-step standard deviation of admitted weights (recent steps)"),
             "queue_wait_p50_s": ("qwen_ext_sched_queue_wait_p50_seconds", "Queue wait p50 (recent admissions)"),
             "queue_wait_p99_s": ("qwen_ext_sched_queue_wait_p99_seconds", "Queue wait p99 (recent admissions)"),
+            "load_factor": ("qwen_ext_sched_load_factor",
+                            "Measured overload factor: weight arriving / weight admitted per second (>= 1)"),
+            "half_life_s": ("qwen_ext_sched_aging_half_life_seconds", "Aging half-life in use (load-scaled)"),
         }
         for family_cls, table in ((CounterMetricFamily, counters), (GaugeMetricFamily, gauges)):
             for field, (name, doc) in table.items():
                 family = family_cls(name, doc, labels=["pid"])
                 for published in statuses:
-                    family.add_metric([str(published["pid"])], published["stats"][field])
+                    value = published["stats"].get(field)
+                    if value is not None:
+                        family.add_metric([str(published["pid"])], value)
                 yield family
