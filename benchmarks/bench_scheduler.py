@@ -39,7 +39,9 @@ mean per-step standard deviation of the weights (uncached prompt tokens + 0.7 x 
 requests a step admits (steps admitting two or more). The admitted weights are recorded in the engine core by a
 thin subclass of each scheduler (``BenchFCFSScheduler`` / ``BenchTokenWeightedScheduler`` in this module, which
 only observe ``schedule()``'s output), so the figure is computed the same way for both; the token-weighted
-scheduler's own ``qwen_stats`` figure is reported too.
+scheduler's own ``qwen_stats`` figure is reported too. The same subclasses time ``schedule()`` (the "sched ms"
+column) and record every step's composition (requests, tokens, prefill tokens, prefill context) under
+``per_step`` in the JSON: ``sim_scheduler.py --fit`` fits its step-cost model to those records.
 
 Targets at every load level (per trace and over all traces' requests pooled): mean TTFT <= 0.5x FCFS,
 longest-decile p99 TTFT <= 1.2x FCFS, output throughput >= 1.0x FCFS. The pooled rows decide the exit status.

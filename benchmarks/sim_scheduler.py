@@ -9,7 +9,7 @@ real run's traces at its rates and prints simulated next to measured figures, so
 
     .venv/bin/python benchmarks/sim_scheduler.py --fit benchmarks/results/bench_scheduler.json
     .venv/bin/python benchmarks/sim_scheduler.py --fit benchmarks/results/bench_scheduler.json \\
-        --config h1:AGING_HALF_LIFE_S=1 --config h4:AGING_HALF_LIFE_S=4,QUEUE_SLACK=1
+        --seeds 0,1,2 --config fixed:AGING_LOAD_EXPONENT=0 --config scaled2:AGING_HALF_LIFE_S=0.6,AGING_LOAD_EXPONENT=2
 
 ``--config NAME:KEY=VALUE,...`` (repeatable) names a token-weighted configuration; keys are ``sched_*`` settings
 without the prefix (``QWEN_VLLM_EXT_SCHED_`` spelling accepted). Without ``--config``: the shipped defaults.
