@@ -70,6 +70,50 @@ def summaries(runs: dict[str, dict], traces: list[str], slo: float) -> dict[str,
     return s
 
 
+def engine_time_check(real: dict) -> dict:
+    """Where the real run's engine time went, per load and policy (all repeats and traces): steps, measured step
+    time against the common cost model's prediction, the same step sequences priced by a model fitted to each
+    policy's own steps, and the drain tail (from the last prefill step to the last completion)."""
+    per: dict = {}
+    for key, reps in real["per_step"].items():
+        load, policy = key[1:].split("-")
+        for r, rep in enumerate(reps):
+            for trace, v in rep.items():
+                comp = v["comp"]
+                if len(comp) < 2:
+                    continue
+                reqs = real["per_request"][key][r][trace]
+                last_pre = max(i for i, c in enumerate(comp) if c[4] > 0)
+                tail = comp[last_pre:]
+                x = per.setdefault((load, policy), {"records": [], "priced": [], "steps": 0, "measured": 0.0,
+                                                    "tail_s": [], "tail_step_ms": []})
+                x["records"] += comp + [[comp[-1][0] + 1e6, 0, 0, 0, 0, 0]]  # runs kept apart (see main)
+                x["priced"] += comp[:-1]  # the steps whose duration was measured
+                x["steps"] += len(comp)
+                x["measured"] += sum(b[0] - a[0] for a, b in zip(comp, comp[1:]))
+                x["tail_s"].append(max(q["done"] for q in reqs) - tail[0][0])
+                if len(tail) > 2:
+                    x["tail_step_ms"].append(1000 * (tail[-1][0] - tail[1][0]) / (len(tail) - 2))
+    common, _ = fit_cost_model([row for x in per.values() for row in x["records"]])
+    own = {k: fit_cost_model(x["records"])[0] for k, x in per.items()}
+    out = {}
+    print("\nengine time of the real run (all repeats and traces; predicted = the common cost model):")
+    for (load, policy), x in sorted(per.items()):
+        steps = x["priced"]
+        predicted = sum(common.cost(c[2], c[3], c[5]) for c in steps)
+        other = "tw" if policy == "fcfs" else "fcfs"
+        own_price = {p: sum(own[(load, p)].cost(c[2], c[3], c[5]) for c in steps) for p in (policy, other)
+                     if (load, p) in own}
+        out[f"{load}-{policy}"] = {"steps": x["steps"], "measured_s": x["measured"], "predicted_s": predicted,
+                                   "own_model_s": own_price, "tail_s": x["tail_s"], "tail_step_ms": x["tail_step_ms"]}
+        print(f"  {load}x {policy:>4}: {x['steps']} steps, measured {x['measured']:.1f} s / predicted {predicted:.1f} s "
+              f"({x['measured'] / predicted:.3f}); these steps priced by each policy's own fit: "
+              + ", ".join(f"{p} {v:.1f} s" for p, v in own_price.items())
+              + f"; drain tail {min(x['tail_s']):.2f}-{max(x['tail_s']):.2f} s of "
+              f"{min(x['tail_step_ms'], default=0):.1f}-{max(x['tail_step_ms'], default=0):.1f} ms steps", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", required=True, help="bench_scheduler.py results JSON with per-step records")
@@ -128,6 +172,8 @@ def main() -> int:
             print(f"  {load}x {policy:>4}: " + "  ".join(
                 f"{label} sim {s[m]:.2f} / real {r[m]:.2f}" for m, label, *_ in METRICS), flush=True)
 
+    engine_time = engine_time_check(real)
+
     # Capacity in the simulator (FCFS, all at once), then the configurations at each load.
     cap = {}
     for kind in traces:
@@ -155,7 +201,7 @@ def main() -> int:
     print(f"({time.time() - t_start:.0f} s)")
     with open(args.out, "w") as f:
         json.dump({"cost_model": dataclasses.asdict(cost), "fit": stats,
-                   "fidelity": fidelity, "capacity": cap, "ratios": table,
+                   "fidelity": fidelity, "engine_time": engine_time, "capacity": cap, "ratios": table,
                    "configs": {n: vars(c) for n, c in configs}}, f, indent=1, default=str)
     print(f"wrote {args.out}")
     return 0
