@@ -31,9 +31,9 @@ second, both over the last ``rate_window_s`` — clamped to ``[1, MAX_LOAD_FACTO
 changes. Under overload the FCFS queue grows faster the heavier the load, and a fixed half-life then lets short
 requests overtake only a shrinking share of it: one short enough to keep long prompts' tail near FCFS's at a mild
 overload (about 1 s on the benchmark) leaves short requests queued behind the older backlog at a heavy one
-(about 2 s needed at 1.7x). Scaling with the measured load gives each its window (see the README's scheduler
-section for the sweep in the simulator and the engine runs). The factor is re-measured at every step; ranks are
-recomputed when it changes.
+(1.5-2 s in the simulator at 1.7x). Scaling with the measured load gives each its window (see the README's
+scheduler section for the sweep in the simulator and the engine runs). The factor is re-measured at every step;
+the queue recomputes every rank when the half-life moves by more than 2%.
 
 **Grouping** (optional, ``group_ratio > 1``): after ordering, requests whose weight is within a factor
 ``group_ratio`` of the head's weight move ahead of the others (keeping their order) within the first
