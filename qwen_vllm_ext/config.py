@@ -137,6 +137,18 @@ class Settings:
     """Put the engine to sleep (vLLM sleep mode, GPU only) after this many idle seconds; the next request wakes it (0 = off)."""
 
     # ---- construction -------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        # The scheduler policy's ranges are checked here, where a bad value is a clear start-up error, not a
+        # traceback from the engine core when it builds its scheduler.
+        from .scheduling.policy import SETTING_FIELDS, PolicyConfig
+
+        try:
+            PolicyConfig.from_settings(self)
+        except ValueError as exc:
+            field = str(exc).split(" ", 1)[0]
+            name = next((k for k, v in SETTING_FIELDS.items() if v == field), "sched_*")
+            raise SettingsError(f"setting {name!r}: {exc}") from None
+
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]

@@ -230,3 +230,15 @@ def test_load_settings_validation():
     for bad in ({"aging_load_exponent": -1}, {"aging_load_exponent": float("inf")}, {"rate_window_s": 0}):
         with pytest.raises(ValueError):
             PolicyConfig(**bad)
+
+
+def test_bad_scheduler_settings_fail_at_resolution_with_the_setting_named():
+    """A bad sched_* value is a SettingsError when the settings are resolved (the launcher prints it and exits),
+    not a traceback from the engine core when it builds its scheduler."""
+    from qwen_vllm_ext.config import Settings, SettingsError
+
+    for name, value in (("sched_aging_load_exponent", -1), ("sched_max_wait_s", "nan"), ("sched_rate_window_s", 0),
+                        ("sched_output_weight", "inf")):
+        with pytest.raises(SettingsError, match=f"setting '{name}': .*must be"):
+            Settings.resolve(env={}, cli={name: value})
+    assert Settings.resolve(env={}, cli={"sched_aging_load_exponent": 2}).sched_aging_load_exponent == 2.0
