@@ -233,8 +233,6 @@ def test_measured_overload_lengthens_the_half_life(model_dir):
     assert queue.load == pytest.approx(arriving / admitted, rel=1e-6)   # ~2.69: half-life ~2.69 s
     assert queue.half_life_s == pytest.approx(queue.load, rel=0.03)
     assert order[:2] == ["short", "long"]
-    status = queue.stats.snapshot()
-    assert status["admitted"] >= 1
     order, queue = run(0.0)  # fixed 1 s half-life: 5 s > 3.99 half-lives, the long request goes first
     assert queue.half_life_s == 1.0 and order[:2] == ["long", "short"]
 
