@@ -40,7 +40,7 @@ requests a step admits (steps admitting two or more). The admitted weights are r
 thin subclass of each scheduler (``BenchFCFSScheduler`` / ``BenchTokenWeightedScheduler`` in this module, which
 only observe ``schedule()``'s output), so the figure is computed the same way for both; the token-weighted
 scheduler's own ``qwen_stats`` figure is reported too. The same subclasses time ``schedule()`` (the "sched ms"
-column) and record every step's composition (requests, tokens, prefill tokens, prefill context) under
+column) and record every step's composition (requests, tokens, prefill tokens, prefill and decode context) under
 ``per_step`` in the JSON: ``sim_scheduler.py --fit`` fits its step-cost model to those records.
 
 Targets at every load level (per trace and over all traces' requests pooled): mean TTFT <= 0.5x FCFS,
@@ -156,7 +156,8 @@ def _make_recording(base):
             super().__init__(*args, **kwargs)
             self._bench_seen: set[str] = set()
             self._bench_steps: list[list[float]] = []  # [time, n_admitted, std]
-            self._bench_comp: list[list[float]] = []  # [time, schedule_s, n_reqs, tokens, prefill_tokens, prefill_ctx]
+            # [time, schedule_s, n_reqs, tokens, prefill_tokens, prefill_ctx, decode_ctx]
+            self._bench_comp: list[list[float]] = []
             self._bench_path = os.environ.get("BENCH_SCHED_STATS", "")
             self._bench_dirty = False
 
@@ -165,8 +166,9 @@ def _make_recording(base):
             out = super().schedule(*args, **kwargs)
             dt_sched = time.perf_counter() - t_sched
             # Step composition (cost-model data for sim_scheduler.py): wall time, schedule() time, requests,
-            # tokens, of which prefill tokens, and sum over prefill chunks of chunk x (context before + chunk / 2).
-            n_tok = pre_tok = pre_ctx = 0
+            # tokens, of which prefill tokens, sum over prefill chunks of chunk x (context before + chunk / 2), and
+            # the decoding requests' total context (not yet in the simulator's cost model).
+            n_tok = pre_tok = pre_ctx = dec_ctx = 0
             for rid, n_sched in out.num_scheduled_tokens.items():
                 n_tok += n_sched
                 req = self.requests.get(rid)
@@ -174,7 +176,10 @@ def _make_recording(base):
                 if req is not None and before < req.num_prompt_tokens:
                     pre_tok += n_sched
                     pre_ctx += n_sched * (before + n_sched / 2)
-            self._bench_comp.append([time.time(), dt_sched, len(out.num_scheduled_tokens), n_tok, pre_tok, pre_ctx])
+                elif req is not None:
+                    dec_ctx += before + n_sched
+            self._bench_comp.append([time.time(), dt_sched, len(out.num_scheduled_tokens), n_tok, pre_tok, pre_ctx,
+                                     dec_ctx])
             weights = []
             for rid, n_sched in out.num_scheduled_tokens.items():
                 if rid in self._bench_seen:

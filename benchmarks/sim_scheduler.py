@@ -100,9 +100,9 @@ def engine_time_check(real: dict) -> dict:
     print("\nengine time of the real run (all repeats and traces; predicted = the common cost model):")
     for (load, policy), x in sorted(per.items()):
         steps = x["priced"]
-        predicted = sum(common.cost(c[2], c[3], c[5]) for c in steps)
+        predicted = sum(common.price(c) for c in steps)
         other = "tw" if policy == "fcfs" else "fcfs"
-        own_price = {p: sum(own[(load, p)].cost(c[2], c[3], c[5]) for c in steps) for p in (policy, other)
+        own_price = {p: sum(own[(load, p)].price(c) for c in steps) for p in (policy, other)
                      if (load, p) in own}
         out[f"{load}-{policy}"] = {"steps": x["steps"], "measured_s": x["measured"], "predicted_s": predicted,
                                    "own_model_s": own_price, "tail_s": x["tail_s"], "tail_step_ms": x["tail_step_ms"]}
@@ -146,7 +146,9 @@ def main() -> int:
             pooled_records += rec + [[rec[-1][0] + 1e6, 0, 0, 0, 0, 0]]
     cost, stats = fit_cost_model(pooled_records)
     print(f"cost model (s/step) = {cost.base * 1e3:.2f} ms + {cost.per_request * 1e3:.3f} ms/request + "
-          f"{cost.per_token * 1e3:.4f} ms/token + {cost.per_ctx * 1e9:.3f} ns/(token x context); fitted on "
+          f"{cost.per_token * 1e3:.4f} ms/token + {cost.per_ctx * 1e9:.3f} ns/(token x context)"
+          + (f" + {cost.per_decode_ctx * 1e9:.2f} ns/decode-context token" if stats["decode_ctx_term"] else
+             " (no decode-context term: the results file predates it)") + "; fitted on "
           f"{stats['steps']} steps, R^2 {stats['r2']:.3f}, median |error| {100 * stats['median_rel_err']:.0f}%", flush=True)
 
     traces = [t for t in args.traces.split(",") if t]

@@ -28,23 +28,30 @@ T0 = 1_000_000.0  # virtual epoch (arrival_time values are absolute seconds)
 class StepCostModel:
     """Seconds per engine step = base + per_request x requests + per_token x tokens + per_ctx x prefill context
     (sum over prefill chunks of chunk tokens x (tokens before the chunk + half the chunk): causal attention's
-    quadratic part, the same total however a prompt is chunked)."""
+    quadratic part, the same total however a prompt is chunked) + per_decode_ctx x decode context (the decoding
+    requests' total context: their attention reads)."""
 
     base: float = 0.006
     per_request: float = 0.0002
     per_token: float = 0.0003
     per_ctx: float = 0.0
+    per_decode_ctx: float = 0.0
 
-    def cost(self, n_reqs: int, tokens: int, prefill_ctx: float) -> float:
-        return max(self.base + self.per_request * n_reqs + self.per_token * tokens + self.per_ctx * prefill_ctx,
-                   1e-4)
+    def cost(self, n_reqs: int, tokens: int, prefill_ctx: float, decode_ctx: float = 0.0) -> float:
+        return max(self.base + self.per_request * n_reqs + self.per_token * tokens + self.per_ctx * prefill_ctx
+                   + self.per_decode_ctx * decode_ctx, 1e-4)
+
+    def price(self, record: Sequence[float]) -> float:
+        """The cost of a recorded step (a ``bench_scheduler.py`` ``comp`` row; rows without the decode-context
+        column price it at 0)."""
+        return self.cost(record[2], record[3], record[5], record[6] if len(record) > 6 else 0.0)
 
 
-def step_composition(scheduler: Any, output: Any) -> tuple[int, int, int, float]:
-    """(requests, tokens, prefill tokens, prefill context) of a step, read right after ``schedule()`` (which has
-    already advanced ``num_computed_tokens``)."""
+def step_composition(scheduler: Any, output: Any) -> tuple[int, int, int, float, float]:
+    """(requests, tokens, prefill tokens, prefill context, decode context) of a step, read right after
+    ``schedule()`` (which has already advanced ``num_computed_tokens``)."""
     n_tok = pre_tok = 0
-    pre_ctx = 0.0
+    pre_ctx = dec_ctx = 0.0
     for rid, n_sched in output.num_scheduled_tokens.items():
         n_tok += n_sched
         req = scheduler.requests.get(rid)
@@ -54,24 +61,30 @@ def step_composition(scheduler: Any, output: Any) -> tuple[int, int, int, float]
         if before < req.num_prompt_tokens:
             pre_tok += n_sched
             pre_ctx += n_sched * (before + n_sched / 2)
-    return len(output.num_scheduled_tokens), n_tok, pre_tok, pre_ctx
+        else:
+            dec_ctx += before + n_sched
+    return len(output.num_scheduled_tokens), n_tok, pre_tok, pre_ctx, dec_ctx
 
 
 def fit_cost_model(records: Sequence[Sequence[float]], max_gap_s: float = 2.0) -> tuple[StepCostModel, dict]:
     """Least-squares fit of :class:`StepCostModel` to per-step records ``[time, schedule_s, n_reqs, tokens,
-    prefill_tokens, prefill_ctx]`` (``bench_scheduler.py``'s ``comp`` rows; see :func:`step_composition`): a step's duration is the time to
-    the next ``schedule()`` call, for back-to-back steps only (gaps over ``max_gap_s`` are idle time).
-    Returns the model and fit statistics (steps used, R^2, median relative error)."""
+    prefill_tokens, prefill_ctx(, decode_ctx)]`` (``bench_scheduler.py``'s ``comp`` rows; see
+    :func:`step_composition`): a step's duration is the time to the next ``schedule()`` call, for back-to-back
+    steps only (gaps over ``max_gap_s`` are idle time). The decode-context term is fitted only when every step
+    used has that column (older results files do not). Returns the model and fit statistics (steps used, R^2,
+    median relative error, whether the decode term was fitted)."""
     import numpy as np
 
-    rows, y = [], []
+    used, y = [], []
     for a, b in zip(records, records[1:]):
         dt = b[0] - a[0]
         if 0 < dt <= max_gap_s:
-            rows.append([1.0, a[2], a[3], a[5]])
+            used.append(a)
             y.append(dt)
-    if len(rows) < 8:
-        raise ValueError(f"need at least 8 back-to-back steps to fit, got {len(rows)}")
+    if len(used) < 8:
+        raise ValueError(f"need at least 8 back-to-back steps to fit, got {len(used)}")
+    with_decode = all(len(a) > 6 for a in used)
+    rows = [[1.0, a[2], a[3], a[5]] + ([a[6]] if with_decode else []) for a in used]
     x, yv = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
     scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
     coef, *_ = np.linalg.lstsq(x / scale, yv, rcond=None)
@@ -81,7 +94,7 @@ def fit_cost_model(records: Sequence[Sequence[float]], max_gap_s: float = 2.0) -
     ss_tot = float(((yv - yv.mean()) ** 2).sum()) or 1.0
     model = StepCostModel(*map(float, coef))
     return model, {"steps": len(y), "r2": 1.0 - ss_res / ss_tot,
-                   "median_rel_err": float(np.median(np.abs(pred - yv) / yv))}
+                   "median_rel_err": float(np.median(np.abs(pred - yv) / yv)), "decode_ctx_term": with_decode}
 
 
 class _Clock:
@@ -179,12 +192,12 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
             clock.t = T0 + arrivals[order[nxt]]
             continue
         output = scheduler.schedule()
-        n_reqs, tokens, _, pre_ctx = step_composition(scheduler, output)
+        n_reqs, tokens, _, pre_ctx, dec_ctx = step_composition(scheduler, output)
         admitted = [rid for rid in output.num_scheduled_tokens if rid not in seen]
         seen.update(admitted)
         if admitted:
             steps.append([clock.t, len(admitted), 0.0])
-        clock.t += cost.cost(n_reqs, tokens, pre_ctx)
+        clock.t += cost.cost(n_reqs, tokens, pre_ctx, dec_ctx)
         req_ids = list(output.num_scheduled_tokens)
         samplers = {rid for rid in req_ids
                     if rid in scheduler.requests and not scheduler.requests[rid].is_prefill_chunk}
