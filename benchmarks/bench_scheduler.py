@@ -165,21 +165,11 @@ def _make_recording(base):
             t_sched = time.perf_counter()
             out = super().schedule(*args, **kwargs)
             dt_sched = time.perf_counter() - t_sched
-            # Step composition (cost-model data for sim_scheduler.py): wall time, schedule() time, requests,
-            # tokens, of which prefill tokens, sum over prefill chunks of chunk x (context before + chunk / 2), and
-            # the decoding requests' total context (not yet in the simulator's cost model).
-            n_tok = pre_tok = pre_ctx = dec_ctx = 0
-            for rid, n_sched in out.num_scheduled_tokens.items():
-                n_tok += n_sched
-                req = self.requests.get(rid)
-                before = req.num_computed_tokens - n_sched if req is not None else 0  # schedule() advanced it
-                if req is not None and before < req.num_prompt_tokens:
-                    pre_tok += n_sched
-                    pre_ctx += n_sched * (before + n_sched / 2)
-                elif req is not None:
-                    dec_ctx += before + n_sched
-            self._bench_comp.append([time.time(), dt_sched, len(out.num_scheduled_tokens), n_tok, pre_tok, pre_ctx,
-                                     dec_ctx])
+            # Step composition, the cost-model data of sim_scheduler.py: requests, tokens, prefill tokens, prefill
+            # and decode context (qwen_vllm_ext.scheduling.sim.step_composition).
+            from qwen_vllm_ext.scheduling.sim import step_composition
+
+            self._bench_comp.append([time.time(), dt_sched, *step_composition(self, out)])
             weights = []
             for rid, n_sched in out.num_scheduled_tokens.items():
                 if rid in self._bench_seen:
