@@ -164,12 +164,11 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
 
     os.environ.setdefault("QWEN_VLLM_EXT_INSTANCE_DIR", tempfile.mkdtemp(prefix="qwen-sim-"))
     clock = _Clock(T0)
-    block_size = engine.get("block_size", 16)
     from .vllm_scheduler import TokenWeightedScheduler
 
     scheduler = build_scheduler(model_dir, TokenWeightedScheduler if token_weighted else None, policy=policy,
                                 clock=clock, **engine)
-    hasher = get_request_block_hasher(block_size, sha256)
+    hasher = get_request_block_hasher(scheduler.cache_config.block_size, sha256)
     ids = itertools.count()
     order = sorted(range(len(requests)), key=lambda k: arrivals[k])
     first: dict[str, float] = {}
