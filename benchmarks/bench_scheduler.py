@@ -20,18 +20,17 @@ prefill costs about one decode step): there every request holds a batch slot for
 prompt length, so ordering by prompt tokens cannot shorten the queue. The capacity phase measures and prints
 the cost shape (a 2,000-token prefill alone vs one decode step of a full batch).
 
-Phases, each in a fresh subprocess (``--worker``) whose engine cores see the ``QWEN_VLLM_EXT_SCHED_*`` settings of
-``--sched`` (only the token-weighted scheduler reads them):
+Phases, each engine in a fresh subprocess (``--worker``) so the engine core sees its own ``QWEN_VLLM_EXT_SCHED_*``
+settings:
 
 1. **capacity** — FCFS engine, each trace's request mix submitted all at once (saturation): sustained
    requests/s = requests / (last completion - first submission).
-2. **replay** — for each load level (default 1.2x and 1.7x of the measured capacity) one worker starts two
-   engines, FCFS (vLLM's default ``Scheduler``) and token-weighted (``TokenWeightedScheduler``), and replays
-   every trace by its timestamps on both, back to back (an asyncio task per request sleeps until its arrival,
-   then calls ``AsyncLLM.generate``; the idle engine waits on its input socket), draining between replays. Which
-   policy replays a trace first alternates by trace, load level and repeat, so a drift in the machine's speed hits
-   both policies' runs of a trace alike (run-to-run speed on this 2-core machine moves by several percent over
-   minutes). ``--repeats`` repeats the whole replay phase.
+2. **replay** — for each load level (default 1.2x and 1.7x of the measured capacity), each trace and each policy
+   (FCFS = vLLM's default ``Scheduler``; token-weighted = ``TokenWeightedScheduler``), a fresh engine replays the
+   trace by its timestamps (an asyncio task per request sleeps until its arrival, then calls
+   ``AsyncLLM.generate``). Both policies replay a trace back to back, the one going first alternating by trace,
+   load level and repeat, so a drift in the machine's speed (several percent over minutes on this 2-core
+   machine) hits both alike; ``--repeats`` repeats the whole replay phase.
 
 TTFT = first streamed output - scheduled arrival time (a client falling behind its schedule counts against
 the engine, as a real client's wait would). Per run: TTFT mean / p50 / p99, p99 TTFT of the longest decile of
@@ -310,58 +309,51 @@ def worker(spec_path: str, out_path: str) -> None:
     from qwen_vllm_ext.demo import CONFIG, VARIANTS, ensure_demo_model
 
     vocab = {**CONFIG, **VARIANTS[spec["model"]]}["vocab_size"]
-    model = str(ensure_demo_model(variant=spec["model"]))
-    stats_base = os.environ["BENCH_SCHED_STATS"]
+    cls = "BenchTokenWeightedScheduler" if spec["policy"] == "tw" else "BenchFCFSScheduler"
     t_start = time.time()
-    engines: dict = {}
+    args = AsyncEngineArgs(model=str(ensure_demo_model(variant=spec["model"])), scheduler_cls=f"{MODULE}.{cls}",
+                           disable_log_stats=True, **ENGINE_KW)
+    engine = AsyncLLM.from_engine_args(args)
+    t_ready = time.time()
+    stats_path = os.environ["BENCH_SCHED_STATS"]
+
+    async def main() -> dict:
+        # Warm-up: one long and a few short requests (not measured).
+        warm = [{"i": -1, "prompt_len": 3000, "max_tokens": 8, "long": True, "token_seed": 1},
+                {"i": -2, "prompt_len": 100, "max_tokens": 8, "long": False, "token_seed": 2},
+                {"i": -3, "prompt_len": 60, "max_tokens": 8, "long": False, "token_seed": 3}]
+        await _replay(engine, warm, [0.0, 0.05, 0.1], "warm", vocab)
+        probe = await _probe(engine, vocab) if spec.get("probe") else None
+        runs = []
+        for job in spec["jobs"]:
+            await asyncio.sleep(0.5)
+            r = await _replay(engine, job["requests"], job["arrivals"], job["name"], vocab)
+            # The engine core dumps its per-step records once it has no unfinished request.
+            deadline = time.time() + 5.0
+            steps_data = {}
+            while time.time() < deadline:
+                try:
+                    with open(stats_path) as f:
+                        steps_data = json.load(f)
+                    if steps_data["steps"] and steps_data["steps"][-1][0] >= r["t_first_arrival"]:
+                        break
+                except (OSError, ValueError, KeyError):
+                    pass
+                await asyncio.sleep(0.1)
+            steps = [s for s in steps_data.get("steps", []) if r["t0"] <= s[0] <= r["t_end"] + 0.5]
+            r["steps"] = steps
+            r["comp"] = [c for c in steps_data.get("comp", []) if r["t0"] <= c[0] <= r["t_end"] + 0.5]
+            r["qwen_stats"] = steps_data.get("qwen_stats")
+            r["qwen_policy"] = steps_data.get("qwen_policy")
+            r["name"], r["trace"] = job["name"], job["trace"]
+            runs.append(r)
+        return {"runs": runs, "probe": probe}
+
     try:
-        for policy in spec["policies"]:
-            # Each engine core reads its own per-step records path (inherited environment, at start).
-            os.environ["BENCH_SCHED_STATS"] = f"{stats_base}.{policy}.json"
-            cls = "BenchTokenWeightedScheduler" if policy == "tw" else "BenchFCFSScheduler"
-            args = AsyncEngineArgs(model=model, scheduler_cls=f"{MODULE}.{cls}", disable_log_stats=True, **ENGINE_KW)
-            engines[policy] = AsyncLLM.from_engine_args(args)
-        t_ready = time.time()
-
-        async def main() -> dict:
-            # Warm-up: one long and a few short requests per engine (not measured).
-            warm = [{"i": -1, "prompt_len": 3000, "max_tokens": 8, "long": True, "token_seed": 1},
-                    {"i": -2, "prompt_len": 100, "max_tokens": 8, "long": False, "token_seed": 2},
-                    {"i": -3, "prompt_len": 60, "max_tokens": 8, "long": False, "token_seed": 3}]
-            for engine in engines.values():
-                await _replay(engine, warm, [0.0, 0.05, 0.1], "warm", vocab)
-            probe = await _probe(engines[spec["policies"][0]], vocab) if spec.get("probe") else None
-            runs = []
-            for job in spec["jobs"]:
-                await asyncio.sleep(0.5)  # the other engine's threads go back to sleep
-                stats_path = f"{stats_base}.{job['policy']}.json"
-                r = await _replay(engines[job["policy"]], job["requests"], job["arrivals"], job["name"], vocab)
-                # The engine core dumps its per-step records once it has no unfinished request.
-                deadline = time.time() + 5.0
-                steps_data = {}
-                while time.time() < deadline:
-                    try:
-                        with open(stats_path) as f:
-                            steps_data = json.load(f)
-                        if steps_data["steps"] and steps_data["steps"][-1][0] >= r["t_first_arrival"]:
-                            break
-                    except (OSError, ValueError, KeyError):
-                        pass
-                    await asyncio.sleep(0.1)
-                steps = [s for s in steps_data.get("steps", []) if r["t0"] <= s[0] <= r["t_end"] + 0.5]
-                r["steps"] = steps
-                r["comp"] = [c for c in steps_data.get("comp", []) if r["t0"] <= c[0] <= r["t_end"] + 0.5]
-                r["qwen_stats"] = steps_data.get("qwen_stats")
-                r["qwen_policy"] = steps_data.get("qwen_policy")
-                r["name"], r["policy"], r["trace"] = job["name"], job["policy"], job.get("trace")
-                runs.append(r)
-            return {"runs": runs, "probe": probe}
-
         result = asyncio.run(main())
     finally:
-        for engine in engines.values():
-            engine.shutdown()
-    result.update({"policies": spec["policies"], "startup_s": t_ready - t_start})
+        engine.shutdown()
+    result.update({"policy": spec["policy"], "startup_s": t_ready - t_start})
     with open(out_path, "w") as f:
         json.dump(result, f)
 
@@ -377,15 +369,14 @@ def quantile(values: list[float], q: float) -> float:
     return float(s[min(rank, len(s)) - 1])
 
 
-def run_worker(policies: list[str], jobs: list[dict], sched_env: dict[str, str], log_name: str, model: str,
+def run_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_name: str, model: str,
                probe: bool = False) -> dict:
-    """One worker process: an engine per policy in ``policies`` (started one after the other, then all held),
-    replaying ``jobs`` (each names its ``policy``) in order."""
+    """One worker process: a fresh engine with ``policy``'s scheduler replaying ``jobs`` in order."""
     os.makedirs(os.path.join(RESULTS, "bench_scheduler_logs"), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="bench-sched-")
     spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
     with open(spec_path, "w") as f:
-        json.dump({"policies": list(policies), "jobs": jobs, "model": model, "probe": probe}, f)
+        json.dump({"policy": policy, "jobs": jobs, "model": model, "probe": probe}, f)
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     env["PYTHONPATH"] = HERE + os.pathsep + ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -509,9 +500,8 @@ def main() -> int:
         jobs = []
         for kind in traces:
             mix = make_mix(kind, n_cap, args.seed + 1000)
-            jobs.append({"name": f"cap-{kind}", "trace": kind, "policy": "fcfs", "requests": mix,
-                         "arrivals": [0.0] * len(mix)})
-        cap_out = run_worker(["fcfs"], jobs, {}, "capacity", args.model, probe=True)
+            jobs.append({"name": f"cap-{kind}", "trace": kind, "requests": mix, "arrivals": [0.0] * len(mix)})
+        cap_out = run_worker("fcfs", jobs, {}, "capacity", args.model, probe=True)
         probe = cap_out["probe"]
         print(f"  cost shape: a 2,000-token prefill alone {probe['prefill_2000_s'] * 1000:.0f} ms, a decode step of "
               f"{ENGINE_KW['max_num_seqs']} requests {probe['decode_step_s'] * 1000:.1f} ms "
@@ -525,25 +515,20 @@ def main() -> int:
             print(f"  capacity {kind}: {capacity[kind]['req_s']:.2f} req/s, "
                   f"{capacity[kind]['output_tok_s']:.0f} output tok/s", flush=True)
 
-    # 2. Replays: per repeat and load, one worker holding an FCFS and a token-weighted engine; each trace is
-    # replayed by both back to back (which goes first alternates by trace, load and repeat), so a drift in the
-    # machine's speed hits both policies' runs of a trace alike.
+    # 2. Replays: a fresh engine per trace and policy; each trace is replayed by both policies back to back (which
+    # goes first alternates by trace, load and repeat), so a drift in the machine's speed hits both alike.
     raw: dict = {}  # (load, policy) -> list over repeats of {trace: run}
     for rep in range(args.repeats):
         for li, load in enumerate(loads):
-            jobs = []
             for ti, kind in enumerate(traces):
                 rate = load * capacity[kind]["req_s"]
-                mix, arrivals = make_mix(kind, n, args.seed), make_arrivals(kind, n, rate, args.seed)
+                job = {"name": f"{kind}-x{load}", "trace": kind, "requests": make_mix(kind, n, args.seed),
+                       "arrivals": make_arrivals(kind, n, rate, args.seed)}
                 for policy in (POLICIES if (ti + li + rep) % 2 == 0 else POLICIES[::-1]):
-                    jobs.append({"name": f"{kind}-x{load}-{policy}", "trace": kind, "policy": policy,
-                                 "requests": mix, "arrivals": arrivals})
-            print(f"replay load {load}x, " + ", ".join(f"{j['trace']} {POLICY_NAMES[j['policy']]}" for j in jobs)
-                  + f" (repeat {rep + 1})...", flush=True)
-            out = run_worker(list(POLICIES), jobs, sched_env, f"replay-x{load}-r{rep + 1}", args.model)
-            for policy in POLICIES:
-                raw.setdefault((load, policy), []).append(
-                    {r["trace"]: r for r in out["runs"] if r["policy"] == policy})
+                    print(f"replay {kind} at {load}x, {POLICY_NAMES[policy]} (repeat {rep + 1})...", flush=True)
+                    out = run_worker(policy, [job], sched_env if policy == "tw" else {},
+                                     f"replay-{kind}-x{load}-{policy}-r{rep + 1}", args.model)
+                    raw.setdefault((load, policy), [{} for _ in range(args.repeats)])[rep][kind] = out["runs"][0]
 
     # 3. Metrics.
     summary: dict = {}
