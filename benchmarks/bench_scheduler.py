@@ -345,7 +345,7 @@ def worker(spec_path: str, out_path: str) -> None:
             r["comp"] = [c for c in steps_data.get("comp", []) if r["t0"] <= c[0] <= r["t_end"] + 0.5]
             r["qwen_stats"] = steps_data.get("qwen_stats")
             r["qwen_policy"] = steps_data.get("qwen_policy")
-            r["name"], r["trace"] = job["name"], job["trace"]
+            r["name"] = job["name"]
             runs.append(r)
         return {"runs": runs, "probe": probe}
 
@@ -500,7 +500,7 @@ def main() -> int:
         jobs = []
         for kind in traces:
             mix = make_mix(kind, n_cap, args.seed + 1000)
-            jobs.append({"name": f"cap-{kind}", "trace": kind, "requests": mix, "arrivals": [0.0] * len(mix)})
+            jobs.append({"name": f"cap-{kind}", "requests": mix, "arrivals": [0.0] * len(mix)})
         cap_out = run_worker("fcfs", jobs, {}, "capacity", args.model, probe=True)
         probe = cap_out["probe"]
         print(f"  cost shape: a 2,000-token prefill alone {probe['prefill_2000_s'] * 1000:.0f} ms, a decode step of "
@@ -522,7 +522,7 @@ def main() -> int:
         for li, load in enumerate(loads):
             for ti, kind in enumerate(traces):
                 rate = load * capacity[kind]["req_s"]
-                job = {"name": f"{kind}-x{load}", "trace": kind, "requests": make_mix(kind, n, args.seed),
+                job = {"name": f"{kind}-x{load}", "requests": make_mix(kind, n, args.seed),
                        "arrivals": make_arrivals(kind, n, rate, args.seed)}
                 for policy in (POLICIES if (ti + li + rep) % 2 == 0 else POLICIES[::-1]):
                     print(f"replay {kind} at {load}x, {POLICY_NAMES[policy]} (repeat {rep + 1})...", flush=True)
