@@ -41,8 +41,8 @@ requests a step admits (steps admitting two or more). The admitted weights are r
 thin subclass of each scheduler (``BenchFCFSScheduler`` / ``BenchTokenWeightedScheduler`` in this module, which
 only observe ``schedule()``'s output), so the figure is computed the same way for both; the token-weighted
 scheduler's own ``qwen_stats`` figure is reported too. The same subclasses time ``schedule()`` (the "sched ms"
-column) and record every step's composition (requests, tokens, prefill tokens, prefill and decode context) under
-``per_step`` in the JSON: ``sim_scheduler.py --fit`` fits its step-cost model to those records.
+column) and record every step's composition (requests, tokens, prefill tokens, prefill and decode context) and
+where its time went (``schedule()``, the model step, ``update_from_output()``) under ``per_step`` in the JSON: ``sim_scheduler.py --fit`` fits its step-cost model to those records.
 
 Targets at every load level (per trace and over all traces' requests pooled): mean TTFT <= 0.5x FCFS,
 longest-decile p99 TTFT <= 1.2x FCFS, output throughput >= 1.0x FCFS. The pooled rows decide the exit status.
@@ -157,7 +157,9 @@ def _make_recording(base):
             super().__init__(*args, **kwargs)
             self._bench_seen: set[str] = set()
             self._bench_steps: list[list[float]] = []  # [time, n_admitted, std]
-            # [time, schedule_s, n_reqs, tokens, prefill_tokens, prefill_ctx, decode_ctx]
+            # [time, schedule_s, n_reqs, tokens, prefill_tokens, prefill_ctx, decode_ctx, execute_s, update_s]:
+            # time is taken when schedule() returns; execute_s runs from there to update_from_output() (the model
+            # step), update_s is update_from_output() itself (filled in when it runs).
             self._bench_comp: list[list[float]] = []
             self._bench_path = os.environ.get("BENCH_SCHED_STATS", "")
             self._bench_dirty = False
@@ -191,7 +193,11 @@ def _make_recording(base):
             return out
 
         def update_from_output(self, *args, **kwargs):
+            t_update = time.time()
             result = super().update_from_output(*args, **kwargs)
+            if self._bench_comp and len(self._bench_comp[-1]) == 7:
+                row = self._bench_comp[-1]
+                row += [t_update - row[0], time.time() - t_update]
             if self._bench_dirty and self._bench_path and not self.has_unfinished_requests():
                 self._bench_dump()
             return result
