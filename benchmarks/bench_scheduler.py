@@ -42,7 +42,8 @@ thin subclass of each scheduler (``BenchFCFSScheduler`` / ``BenchTokenWeightedSc
 only observe ``schedule()``'s output), so the figure is computed the same way for both; the token-weighted
 scheduler's own ``qwen_stats`` figure is reported too. The same subclasses time ``schedule()`` (the "sched ms"
 column) and record every step's composition (requests, tokens, prefill tokens, prefill and decode context) and
-where its time went (``schedule()``, the model step, ``update_from_output()``) under ``per_step`` in the JSON: ``sim_scheduler.py --fit`` fits its step-cost model to those records.
+where its time went (``schedule()``, the model step, ``update_from_output()``) under ``per_step`` in the JSON:
+``sim_scheduler.py --fit`` fits its step-cost model to those records.
 
 Targets at every load level (per trace and over all traces' requests pooled): mean TTFT <= 0.5x FCFS,
 longest-decile p99 TTFT <= 1.2x FCFS, output throughput >= 1.0x FCFS. The pooled rows decide the exit status.
