@@ -124,6 +124,9 @@ def main() -> int:
     ap.add_argument("--seeds", default="0", help="trace seeds (comma-separated): results pooled per seed, shown each")
     ap.add_argument("--slo", type=float, default=2.0)
     ap.add_argument("--model", default="prefill-bench")
+    ap.add_argument("--speed", default="1",
+                    help="engine speed factors for the sweep (comma-separated): every step cost divided by it, so 2 "
+                         "emulates a machine twice as fast (capacity and rates are measured at each speed)")
     ap.add_argument("--out", default=os.path.join(bench.RESULTS, "sim_scheduler.json"))
     args = ap.parse_args()
 
@@ -176,14 +179,32 @@ def main() -> int:
 
     engine_time = engine_time_check(real)
 
-    # Capacity in the simulator (FCFS, all at once), then the configurations at each load.
-    cap = {}
-    for kind in traces:
-        mix = bench.make_mix(kind, 120, 1000)
-        run = simulate(model_dir, mix, [0.0] * len(mix), cost, token_weighted=False)
-        cap[kind] = len(mix) / (run["t_end"] - run["t0"])
-    print("\nsimulated capacity: " + ", ".join(f"{k} {v:.2f} req/s" for k, v in cap.items()))
     table = {}
+    caps = {}
+    for speed in [float(x) for x in args.speed.split(",")]:
+        scaled = StepCostModel(*(v / speed for v in dataclasses.astuple(cost)))
+        # Capacity in the simulator (FCFS, all at once), then the configurations at each load.
+        cap = {}
+        for kind in traces:
+            mix = bench.make_mix(kind, 120, 1000)
+            run = simulate(model_dir, mix, [0.0] * len(mix), scaled, token_weighted=False)
+            cap[kind] = len(mix) / (run["t_end"] - run["t0"])
+        caps[str(speed)] = cap
+        print(f"\nspeed {speed:g}: simulated capacity " + ", ".join(f"{k} {v:.2f} req/s" for k, v in cap.items()))
+        sweep(args, model_dir, traces, loads, seeds, configs, scaled, cap, speed, table)
+    print(f"({time.time() - t_start:.0f} s)")
+    with open(args.out, "w") as f:
+        json.dump({"cost_model": dataclasses.asdict(cost), "fit": stats,
+                   "fidelity": fidelity, "engine_time": engine_time, "capacity": caps, "ratios": table,
+                   "configs": {n: vars(c) for n, c in configs}}, f, indent=1, default=str)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def sweep(args, model_dir: str, traces: list[str], loads: list[float], seeds: list[int], configs: list, cost,
+          cap: dict, speed: float, table: dict) -> None:
+    """Each configuration against FCFS at each seed and load; rows go into ``table[name]["speed-seed-load"]``."""
+    tag = "" if speed == 1 else f"speed {speed:g} "
     for seed in seeds:
         for load in loads:
             rates = {k: load * cap[k] for k in traces}
@@ -195,18 +216,11 @@ def main() -> int:
                 for scope in traces + ["all"]:
                     row[scope] = {m: tw[scope][m] / base[scope][m] for m, *_ in METRICS}
                 ok = all((row["all"][m] <= lim) if op == "<=" else (row["all"][m] >= lim) for m, _, op, lim in METRICS)
-                table.setdefault(name, {})[f"{seed}-{load}"] = row
-                print(f"seed {seed} {load}x {name:>14}: pooled " + "  ".join(
+                table.setdefault(name, {})[f"{speed:g}-{seed}-{load}"] = row
+                print(f"{tag}seed {seed} {load}x {name:>14}: pooled " + "  ".join(
                     f"{label} {row['all'][m]:.2f}" for m, label, *_ in METRICS)
                     + "  | " + "  ".join(f"{t}: " + "/".join(f"{row[t][m]:.2f}" for m, *_ in METRICS) for t in traces)
                     + ("  PASS" if ok else ""), flush=True)
-    print(f"({time.time() - t_start:.0f} s)")
-    with open(args.out, "w") as f:
-        json.dump({"cost_model": dataclasses.asdict(cost), "fit": stats,
-                   "fidelity": fidelity, "engine_time": engine_time, "capacity": cap, "ratios": table,
-                   "configs": {n: vars(c) for n, c in configs}}, f, indent=1, default=str)
-    print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

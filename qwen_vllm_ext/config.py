@@ -83,7 +83,8 @@ class Settings:
     sched_output_hint_key: str = "expected_output_tokens"
     """``vllm_xargs`` key through which a client may hint its expected output length."""
     sched_aging_half_life_s: float = 1.0
-    """Aging: a waiting request's weight halves every this many seconds (0 = no aging)."""
+    """Aging in seconds, used only when ``sched_aging_half_life_tokens`` is 0: a waiting request's weight halves
+    every this many seconds (both 0 = no aging)."""
     sched_max_wait_s: float = 30.0
     """Hard starvation bound: requests waiting longer are admitted first, in arrival order (0 = none)."""
     sched_group_ratio: float = 0.0
@@ -92,10 +93,13 @@ class Settings:
     """Prefix-cache lookups per step only for the first K waiting candidates."""
     sched_fcfs_above: int = 0
     """Fall back to arrival order when more than this many requests wait (0 = never)."""
-    sched_aging_load_exponent: float = 1.0
+    sched_aging_load_exponent: float = 2.0
     """The aging half-life is multiplied by the measured overload factor to this power (0 = fixed)."""
     sched_rate_window_s: float = 10.0
     """Window of the arriving and admitted weight rates whose ratio is the overload factor, seconds."""
+    sched_aging_half_life_tokens: float = 2500.0
+    """Aging on the work clock: a waiting request's weight halves every this many tokens of weight the engine
+    admits (0 = age in seconds instead, by ``sched_aging_half_life_s``)."""
 
     # ---- gateway -------------------------------------------------------------------------------
     gateway: bool = False

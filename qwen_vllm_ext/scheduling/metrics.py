@@ -25,6 +25,8 @@ class SchedulerCollector:
             "max_wait_admissions": ("qwen_ext_sched_max_wait_admissions",
                                     "Admissions through the max-wait (arrival order) lane"),
             "cache_hit_tokens": ("qwen_ext_sched_cache_hit_tokens", "Prefix-cache hit tokens at admission"),
+            "admitted_weight": ("qwen_ext_sched_admitted_weight",
+                                "Token weight admitted from the waiting queue (the aging work clock)"),
         }
         gauges = {
             "admitted_weight_std_last": ("qwen_ext_sched_admitted_weight_std",
@@ -35,7 +37,10 @@ class SchedulerCollector:
             "queue_wait_p99_s": ("qwen_ext_sched_queue_wait_p99_seconds", "Queue wait p99 (recent admissions)"),
             "load_factor": ("qwen_ext_sched_load_factor",
                             "Measured overload factor: weight arriving / weight admitted per second (>= 1)"),
-            "half_life_s": ("qwen_ext_sched_aging_half_life_seconds", "Aging half-life in use (load-scaled)"),
+            "half_life_tokens": ("qwen_ext_sched_aging_half_life_tokens",
+                                 "Aging half-life in use on the work clock, tokens of admitted weight (load-scaled)"),
+            "half_life_s": ("qwen_ext_sched_aging_half_life_seconds",
+                            "Aging half-life in use on the seconds clock (load-scaled)"),
         }
         for family_cls, table in ((CounterMetricFamily, counters), (GaugeMetricFamily, gauges)):
             for field, (name, doc) in table.items():

@@ -64,6 +64,7 @@ SETTING_FIELDS: dict[str, str] = {
     "sched_fcfs_above": "fcfs_above",
     "sched_aging_load_exponent": "aging_load_exponent",
     "sched_rate_window_s": "rate_window_s",
+    "sched_aging_half_life_tokens": "aging_half_life_tokens",
 }
 MAX_LOAD_FACTOR = 4.0
 """Upper clamp of the measured overload factor (a burst's first seconds can read far higher)."""
@@ -80,7 +81,8 @@ class PolicyConfig:
     hint_key: str = "expected_output_tokens"
     """``vllm_xargs`` key with the client's expected output tokens (empty: ignore hints)."""
     aging_half_life_s: float = 1.0
-    """Waiting this long halves a request's effective weight (0: no aging)."""
+    """Seconds-clock aging (used only when ``aging_half_life_tokens`` is 0): waiting this long halves a request's
+    effective weight (0: no aging)."""
     max_wait_s: float = 30.0
     """Requests waiting this long are admitted first, in arrival order (0: no limit)."""
     group_ratio: float = 0.0
@@ -89,10 +91,13 @@ class PolicyConfig:
     """Prefix-cache lookups per step: only the first K scored candidates are refreshed."""
     fcfs_above: int = 0
     """Order the scored lane by arrival when more than this many wait (0: never)."""
-    aging_load_exponent: float = 1.0
+    aging_load_exponent: float = 2.0
     """The half-life is multiplied by the measured overload factor to this power (0: fixed half-life)."""
     rate_window_s: float = 10.0
     """Window of the arriving and admitted weight rates whose ratio is the overload factor."""
+    aging_half_life_tokens: float = 2500.0
+    """When > 0, aging runs on the work clock: a request's effective weight halves every this many tokens of
+    weight admitted while it waits (``aging_half_life_s`` is then unused)."""
 
     def __post_init__(self) -> None:
         if not (self.output_weight >= 0 and math.isfinite(self.output_weight)):
@@ -113,6 +118,13 @@ class PolicyConfig:
             raise ValueError(f"aging_load_exponent must be a finite number >= 0, got {self.aging_load_exponent!r}")
         if not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
             raise ValueError(f"rate_window_s must be a finite number > 0, got {self.rate_window_s!r}")
+        if not (self.aging_half_life_tokens >= 0 and math.isfinite(self.aging_half_life_tokens)):
+            raise ValueError(f"aging_half_life_tokens must be a finite number >= 0, got {self.aging_half_life_tokens!r}")
+
+    @property
+    def work_clock(self) -> bool:
+        """Aging runs on admitted weight (tokens), not seconds."""
+        return self.aging_half_life_tokens > 0
 
     @classmethod
     def from_settings(cls, settings: Any) -> "PolicyConfig":
@@ -160,9 +172,10 @@ def load_factor(arriving_per_s: float | None, admitted_per_s: float | None) -> f
 
 def half_life(config: PolicyConfig, load: float = 1.0) -> float:
     """The effective aging half-life at overload factor ``load``: ``aging_half_life_s x load ** exponent``."""
-    if config.aging_half_life_s <= 0:
+    base = config.aging_half_life_tokens if config.work_clock else config.aging_half_life_s
+    if base <= 0:
         return 0.0
-    return config.aging_half_life_s * min(max(load, 1.0), MAX_LOAD_FACTOR) ** config.aging_load_exponent
+    return base * min(max(load, 1.0), MAX_LOAD_FACTOR) ** config.aging_load_exponent
 
 
 def effective_weight(w: float, wait_s: float, config: PolicyConfig, load: float = 1.0) -> float:
@@ -239,10 +252,17 @@ class Job:
     seq: int = 0
     """Insertion sequence number: the last tie-breaker (unique per queue)."""
     payload: Any = None
+    arrival_work: float = 0.0
+    """The work clock (weight admitted so far) when the request arrived: its aging clock when aging runs on work."""
 
     def weight(self, config: PolicyConfig) -> float:
         return weight(self.prompt_tokens - self.cached_tokens,
                       expected_output_tokens(self.max_tokens, self.extra_args, config), config)
+
+
+def aging_clock(job: Job, config: PolicyConfig) -> float:
+    """The job's arrival on the aging clock: its work clock value, or its arrival time (seconds clock)."""
+    return job.arrival_work if config.work_clock else job.arrival_time
 
 
 def sort_key(job: Job, now: float, config: PolicyConfig, *, epoch: float = 0.0, use_priority: bool = False,
@@ -253,7 +273,7 @@ def sort_key(job: Job, now: float, config: PolicyConfig, *, epoch: float = 0.0, 
     if fcfs:
         return (1, 0, 0.0, job.arrival_time, job.seq)
     return (1, job.priority if use_priority else 0,
-            rank_key(job.weight(config), job.arrival_time, config, epoch, load), job.arrival_time, job.seq)
+            rank_key(job.weight(config), aging_clock(job, config), config, epoch, load), job.arrival_time, job.seq)
 
 
 def group_window(items: list, weights: Sequence[float], start: int, config: PolicyConfig) -> list:
@@ -276,7 +296,7 @@ def order(jobs: Iterable[Job], now: float, config: PolicyConfig, *, use_priority
     arrival, then by rank key with ties by arrival, FCFS above ``fcfs_above``, then grouping). The vLLM queue
     applies the same rules."""
     jobs = list(jobs)
-    epoch = min((j.arrival_time for j in jobs), default=0.0)
+    epoch = min((aging_clock(j, config) for j in jobs), default=0.0)
     scored = sum(1 for j in jobs if not is_overdue(j.arrival_time, now, config))
     fcfs = 0 < config.fcfs_above < scored
     jobs.sort(key=lambda j: sort_key(j, now, config, epoch=epoch, use_priority=use_priority, fcfs=fcfs, load=load))

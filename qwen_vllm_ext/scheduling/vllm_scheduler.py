@@ -37,8 +37,8 @@ from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, expected_output_tokens, group_window, half_life,
-                     is_overdue, load_factor, rank_key)
+from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, aging_clock, expected_output_tokens, group_window,
+                     half_life, is_overdue, load_factor, rank_key)
 
 __all__ = [
     "TokenWeightedRequestQueue",
@@ -52,6 +52,8 @@ __all__ = [
 @dataclasses.dataclass(eq=False)
 class _Entry(Job):
     w: float = 0.0
+    clock: float = 0.0
+    """The request's arrival on the aging clock (``policy.aging_clock``)."""
     rank: float = 0.0
     sort: tuple = ()
     overdue: bool = False
@@ -100,11 +102,14 @@ class TokenWeightedRequestQueue(RequestQueue):
         """Weight admitted per second (fed by the scheduler each step)."""
         self.arriving_rate = RateMeter(config.rate_window_s)
         """Weight arriving per second (fed by add_request)."""
+        self.work = 0.0
+        """The work clock: total weight admitted so far (fed by record_admitted)."""
         self.load = 1.0
         """The overload factor of the last refresh() (arriving / admitted weight rate, clamped; 1.0 = unknown)."""
         self._rank_load = 1.0
-        self.half_life_s = half_life(config, 1.0)
-        """The aging half-life the ranks were computed with (at overload factor ``_rank_load``)."""
+        self.half_life = half_life(config, 1.0)
+        """The aging half-life the ranks were computed with (at overload factor ``_rank_load``), in the unit of the
+        aging clock: tokens of admitted weight, or seconds."""
         # Requests popped since begin_step() -> whether they came through the overdue (max-wait) lane.
         self.step_popped: dict[Request, bool] = {}
 
@@ -120,9 +125,9 @@ class TokenWeightedRequestQueue(RequestQueue):
         request: Request = e.payload
         e.prompt_tokens = request.num_tokens
         if self._epoch is None:
-            self._epoch = e.arrival_time
+            self._epoch = e.clock
         e.w = e.weight(self.config)
-        e.rank = rank_key(e.w, e.arrival_time, self.config, self._epoch, self._rank_load)
+        e.rank = rank_key(e.w, e.clock, self.config, self._epoch, self._rank_load)
 
     def weight_of(self, request: Request) -> float:
         """The policy weight of ``request`` with its last known cached-prefix estimate."""
@@ -144,11 +149,11 @@ class TokenWeightedRequestQueue(RequestQueue):
         live = [e for e in self._lane[self._head:] if not e.removed]
         self.load = load_factor(self.arriving_rate.rate(now), self.admitted_rate.rate(now))
         h = half_life(cfg, self.load)
-        if abs(h - self.half_life_s) > RERANK_TOLERANCE * self.half_life_s:
+        if abs(h - self.half_life) > RERANK_TOLERANCE * self.half_life:
             # Ranks compare effective weights for one half-life: recompute them all when it moves.
-            self.half_life_s, self._rank_load = h, self.load
+            self.half_life, self._rank_load = h, self.load
             for e in live:
-                e.rank = rank_key(e.w, e.arrival_time, cfg, self._epoch or 0.0, self._rank_load)
+                e.rank = rank_key(e.w, e.clock, cfg, self._epoch or 0.0, self._rank_load)
         num_scored = 0
         for e in live:
             e.overdue = is_overdue(e.arrival_time, now, cfg)
@@ -187,6 +192,17 @@ class TokenWeightedRequestQueue(RequestQueue):
     def begin_step(self) -> None:
         self.step_popped = {}
 
+    def half_life_stat(self) -> dict[str, float | None]:
+        """The half-life in use, keyed by its clock's unit (the other key None)."""
+        tokens = self.config.work_clock
+        return {"half_life_tokens": self.half_life if tokens else None,
+                "half_life_s": None if tokens else self.half_life}
+
+    def record_admitted(self, now: float, weight: float) -> None:
+        """Weight admitted by the step at ``now``: feeds the admitted rate and advances the work clock."""
+        self.admitted_rate.record(now, weight)
+        self.work += weight
+
     # ---- RequestQueue ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Add a new waiting request to the scored lane (looked up in the prefix cache once, now)."""
@@ -196,6 +212,8 @@ class TokenWeightedRequestQueue(RequestQueue):
         e = _Entry(arrival_time=request.arrival_time, prompt_tokens=request.num_tokens,
                    max_tokens=request.max_tokens, extra_args=_extra_args(request), priority=request.priority,
                    seq=self._seq, payload=request)
+        e.arrival_work = self.work
+        e.clock = aging_clock(e, self.config)
         if self._lookup is not None and not self._fcfs and self.config.lookup_candidates > 0:
             e.cached_tokens = self._cached_tokens(request)
         self._rescore(e)
@@ -400,7 +418,7 @@ class TokenWeightedMixin:
                 cache_hits += cached
                 prompt_tokens += request.num_prompt_tokens
         self.qwen_stats.record_step(weights, waits, overdue, cache_hits, prompt_tokens)
-        self.waiting.admitted_rate.record(now, sum(weights))
+        self.waiting.record_admitted(now, sum(weights))
         self.waiting.begin_step()
 
     def qwen_status(self) -> dict[str, Any]:
@@ -409,7 +427,7 @@ class TokenWeightedMixin:
             "scheduler": type(self).__name__,
             "policy": dataclasses.asdict(self.qwen_policy),
             "stats": {**self.qwen_stats.snapshot(), "load_factor": self.waiting.load,
-                      "half_life_s": self.waiting.half_life_s},
+                      "admitted_weight": self.waiting.work, **self.waiting.half_life_stat()},
         }
 
 

@@ -71,5 +71,8 @@ def test_token_weighted_scheduler_active_in_the_engine_core(demo_server, openai_
     with urllib.request.urlopen(demo_server.base_url + "/metrics", timeout=10) as r:
         metrics = r.read().decode()
     assert "qwen_ext_sched_admitted_total" in metrics and "qwen_ext_sched_queue_wait_p99_seconds" in metrics
-    assert "qwen_ext_sched_load_factor{" in metrics and "qwen_ext_sched_aging_half_life_seconds{" in metrics
-    assert scheduler["stats"]["load_factor"] >= 1.0 and scheduler["stats"]["half_life_s"] >= 1.0
+    assert "qwen_ext_sched_load_factor{" in metrics and "qwen_ext_sched_aging_half_life_tokens{" in metrics
+    assert "qwen_ext_sched_admitted_weight_total{" in metrics
+    assert "qwen_ext_sched_aging_half_life_seconds{" not in metrics  # aging runs on the work clock by default
+    stats = scheduler["stats"]
+    assert stats["load_factor"] >= 1.0 and stats["half_life_tokens"] >= 2500 and stats["admitted_weight"] > 0

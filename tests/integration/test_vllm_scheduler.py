@@ -217,7 +217,7 @@ def test_measured_overload_lengthens_the_half_life(model_dir):
     def run(exponent: float) -> tuple[list[str], object]:
         clock = Clock(T0)
         scheduler = make_scheduler(model_dir, clock=clock, policy=PolicyConfig(
-            max_wait_s=0, aging_half_life_s=1.0, aging_load_exponent=exponent))
+            max_wait_s=0, aging_half_life_tokens=0, aging_half_life_s=1.0, aging_load_exponent=exponent))
         scheduler.add_request(make_request("warm", 1000, arrival=T0))
         step(scheduler)  # admits "warm" (weight 1000 + 0.7 x 8) at T0: the only admission so far
         scheduler.add_request(make_request("long", 1600, max_tokens=1, arrival=T0 + 1.0))
@@ -231,10 +231,41 @@ def test_measured_overload_lengthens_the_half_life(model_dir):
     order, queue = run(1.0)
     arriving, admitted = (1005.6 + 1600.7 + 100.7) / 6.0, 1005.6 / 6.0
     assert queue.load == pytest.approx(arriving / admitted, rel=1e-6)   # ~2.69: half-life ~2.69 s
-    assert queue.half_life_s == pytest.approx(queue.load, rel=0.03)
+    assert queue.half_life == pytest.approx(queue.load, rel=0.03)
     assert order[:2] == ["short", "long"]
     order, queue = run(0.0)  # fixed 1 s half-life: 5 s > 3.99 half-lives, the long request goes first
-    assert queue.half_life_s == 1.0 and order[:2] == ["long", "short"]
+    assert queue.half_life == 1.0 and order[:2] == ["long", "short"]
+
+
+def test_work_clock_counts_admitted_weight_and_ignores_wall_time(model_dir):
+    """Default aging runs on the work clock: the scheduler advances it by the weight each step admits, and a light
+    request overtakes a heavy one only if less than log2(weight ratio) half-lives of weight were admitted between
+    their arrivals — the same order whether those admissions took 0.1 s or 60 s (an engine's speed does not change
+    the order)."""
+    policy = PolicyConfig(max_wait_s=0, aging_half_life_tokens=1000, aging_load_exponent=0)
+
+    def first(seconds_between: float, admitted_between: float) -> str:
+        queue = TokenWeightedRequestQueue(policy)
+        queue.add_request(make_request("long", 1600, max_tokens=1, arrival=T0))
+        queue.record_admitted(T0 + seconds_between / 2, admitted_between)
+        queue.add_request(make_request("short", 100, max_tokens=1, arrival=T0 + seconds_between))
+        queue.refresh(T0 + seconds_between)
+        return queue.peek_request().request_id
+
+    # log2(1600.7 / 100.7) = 3.99 half-lives = 3,990 tokens of head start for the long request.
+    for seconds in (0.1, 60.0):
+        assert first(seconds, 3900.0) == "short", seconds
+        assert first(seconds, 4100.0) == "long", seconds
+
+    # Inside the scheduler: each step adds the weight it admitted.
+    scheduler = make_scheduler(model_dir, policy=policy)
+    scheduler.add_request(make_request("a", 300, max_tokens=10, arrival=T0))
+    scheduler.add_request(make_request("b", 50, max_tokens=20, arrival=T0))
+    step(scheduler)
+    assert scheduler.waiting.work == pytest.approx(300 + 0.7 * 10 + 50 + 0.7 * 20)
+    status = scheduler.qwen_status()["stats"]
+    assert status["admitted_weight"] == scheduler.waiting.work
+    assert status["half_life_tokens"] == 1000.0 and status["half_life_s"] is None
 
 
 def test_status_is_published_throttled_while_busy_and_at_once_when_idle(model_dir, tmp_path, monkeypatch):

@@ -61,13 +61,13 @@ def test_cache_hits_lower_the_weight():
 def test_ties_by_arrival_then_sequence():
     jobs = [job("c", 2.0, 100), job("a", 0.0, 100), job("b", 1.0, 100)]
     assert ids(order(jobs, now=3.0, config=CFG)) == ["a", "b", "c"]
-    no_aging = PolicyConfig(aging_half_life_s=0)
+    no_aging = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=0)
     same = [job("y", 5.0, 100, seq=2), job("x", 5.0, 100, seq=1)]
     assert ids(order(same, now=6.0, config=no_aging)) == ["x", "y"]
 
 
 def test_aging_is_multiplicative_and_scale_free():
-    cfg = PolicyConfig(aging_half_life_s=2.0, max_wait_s=0)
+    cfg = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=2.0, max_wait_s=0)
     assert policy.effective_weight(3000, 2.0, cfg) == pytest.approx(1500)
     assert policy.effective_weight(3000, 4.0, cfg) == pytest.approx(750)
     # A 30x heavier job overtakes fresh light ones after log2(30) half-lives, at any weight scale.
@@ -90,23 +90,50 @@ def test_aging_does_not_swamp_weights_at_multi_second_waits():
     assert ranked[4:] == ["long0", "long1", "long2", "long3"]  # FIFO among equal weights
 
 
-def test_rank_key_order_is_time_invariant():
+@pytest.mark.parametrize("clock", ["seconds", "work"])
+def test_rank_key_order_is_time_invariant(clock):
+    """The rank-key order equals the effective-weight order at any later instant, on either aging clock."""
     rnd = random.Random(7)
-    cfg = PolicyConfig(max_wait_s=0)
+    work = clock == "work"
+    cfg = PolicyConfig(max_wait_s=0, aging_half_life_tokens=2500 if work else 0)
     jobs = [job(i, rnd.uniform(0, 20), rnd.randint(1, 5000), max_tokens=rnd.randint(1, 2000), seq=i)
             for i in range(200)]
+    for j in jobs:  # the work clock runs at its own pace (here 900 tokens per second)
+        j.arrival_work = j.arrival_time * 900.0
     for now in (20.0, 25.0, 60.0):
-        by_effective = sorted(jobs, key=lambda j: (policy.effective_weight(j.weight(cfg), now - j.arrival_time,
-                                                                          cfg), j.arrival_time, j.seq))
+        def waited(j):
+            return (now - j.arrival_time) * 900.0 if work else now - j.arrival_time
+
+        by_effective = sorted(jobs, key=lambda j: (policy.effective_weight(j.weight(cfg), waited(j), cfg),
+                                                   j.arrival_time, j.seq))
         ranked = order(jobs, now=now, config=cfg)
-        eff = [policy.effective_weight(j.weight(cfg), now - j.arrival_time, cfg) for j in ranked]
+        eff = [policy.effective_weight(j.weight(cfg), waited(j), cfg) for j in ranked]
         assert all(a <= b * (1 + 1e-9) for a, b in zip(eff, eff[1:]))
-        assert [policy.effective_weight(j.weight(cfg), now - j.arrival_time, cfg) for j in by_effective] == \
-            pytest.approx(eff)
+        assert [policy.effective_weight(j.weight(cfg), waited(j), cfg) for j in by_effective] == pytest.approx(eff)
+
+
+def test_work_clock_ages_by_admitted_weight_not_seconds():
+    """On the work clock a light request overtakes a heavy one only if less than log2(weight ratio) half-lives of
+    weight were admitted between their arrivals, however many seconds passed: the order is the engine's speed's."""
+    cfg = PolicyConfig(max_wait_s=0, aging_half_life_tokens=1000, aging_load_exponent=0)
+    long_, short = job("long", 0.0, 1600, max_tokens=0), job("short", 60.0, 100, max_tokens=0)
+    # log2(1600 / 100) = 4 half-lives = 4,000 tokens of admitted weight.
+    long_.arrival_work, short.arrival_work = 0.0, 3900.0
+    assert ids(order([long_, short], now=60.0, config=cfg)) == ["short", "long"]      # 60 s, but only 3,900 tokens
+    short.arrival_work = 4100.0
+    assert ids(order([long_, short], now=0.1, config=cfg)) == ["long", "short"]       # 0.1 s, but 4,100 tokens
+    assert ids(order([long_, short], now=0.1, config=cfg, load=2.0)) == ["long", "short"]  # exponent 0: fixed
+    scaled = PolicyConfig(max_wait_s=0, aging_half_life_tokens=1000, aging_load_exponent=2)
+    assert policy.half_life(scaled, 1.5) == pytest.approx(2250.0)
+    assert ids(order([long_, short], now=0.1, config=scaled, load=1.5)) == ["short", "long"]  # 4,100 < 4 x 2,250
+    seconds = PolicyConfig(max_wait_s=0, aging_half_life_tokens=0, aging_half_life_s=1.0, aging_load_exponent=0)
+    assert ids(order([long_, short], now=60.0, config=seconds)) == ["long", "short"]  # 60 s >> 4 half-lives of 1 s
+    with pytest.raises(ValueError):
+        PolicyConfig(aging_half_life_tokens=-1)
 
 
 def test_max_wait_is_a_hard_guarantee_in_arrival_order():
-    cfg = PolicyConfig(max_wait_s=10.0, aging_half_life_s=1000.0)
+    cfg = PolicyConfig(max_wait_s=10.0, aging_half_life_tokens=0, aging_half_life_s=1000.0)
     jobs = [job("old-long", 0.0, 30000), job("older-long", -1.0, 20000), job("fresh-short", 9.9, 5),
             job("not-yet", 0.5, 25000)]
     ranked = ids(order(jobs, now=10.0, config=cfg))
@@ -123,8 +150,8 @@ def test_priority_is_respected_only_when_asked():
 
 
 def test_grouping_puts_similar_weights_together():
-    aging = PolicyConfig(aging_half_life_s=1.0, max_wait_s=0)
-    grouping = PolicyConfig(aging_half_life_s=1.0, max_wait_s=0, group_ratio=2.0)
+    aging = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=1.0, max_wait_s=0)
+    grouping = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=1.0, max_wait_s=0, group_ratio=2.0)
     # "aged" (weight 1000) waited long enough to rank between the fresh 100 and 150 ones (effective ~110).
     jobs = [job("a", 10.0, 100, max_tokens=0, seq=1), job("aged", 10.0 - math.log2(1000 / 110), 1000,
             max_tokens=0, seq=2), job("b", 10.0, 150, max_tokens=0, seq=3), job("c", 10.0, 190, max_tokens=0,
@@ -190,25 +217,25 @@ def test_load_factor_and_half_life():
     assert policy.load_factor(50.0, 100.0) == 1.0                     # below capacity: no change
     assert policy.load_factor(170.0, 100.0) == pytest.approx(1.7)
     assert policy.load_factor(1e6, 1.0) == policy.MAX_LOAD_FACTOR      # a burst's first seconds: clamped
-    cfg = PolicyConfig(aging_half_life_s=1.0, aging_load_exponent=1.0)
+    cfg = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=1.0, aging_load_exponent=1.0)
     assert policy.half_life(cfg) == 1.0 and policy.half_life(cfg, 1.7) == pytest.approx(1.7)
-    assert policy.half_life(PolicyConfig(aging_half_life_s=0.5, aging_load_exponent=2.0), 2.0) == pytest.approx(2.0)
-    assert policy.half_life(PolicyConfig(aging_load_exponent=0.0), 3.0) == 1.0   # exponent 0: fixed
-    assert policy.half_life(PolicyConfig(aging_half_life_s=0.0), 3.0) == 0.0     # no aging stays no aging
+    assert policy.half_life(PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=0.5, aging_load_exponent=2.0), 2.0) == pytest.approx(2.0)
+    assert policy.half_life(PolicyConfig(aging_load_exponent=0.0), 3.0) == 2500.0   # exponent 0: fixed
+    assert policy.half_life(PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=0.0), 3.0) == 0.0     # no aging stays no aging
     assert policy.effective_weight(1000.0, 1.7, cfg, load=1.7) == pytest.approx(500.0)
 
 
 def test_overload_widens_the_overtaking_window():
     """A 16x lighter request overtakes a heavier one that arrived up to log2(16) = 4 half-lives earlier: 4 s at
     capacity, 8 s at twice the capacity (load-scaled half-life)."""
-    cfg = PolicyConfig(aging_half_life_s=1.0, aging_load_exponent=1.0, max_wait_s=0)
+    cfg = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=1.0, aging_load_exponent=1.0, max_wait_s=0)
     jobs = [job("long", 0.0, 1600, max_tokens=0), job("short", 6.0, 100, max_tokens=0)]
     assert ids(order(jobs, now=6.0, config=cfg)) == ["long", "short"]              # 6 s > 4 half-lives of 1 s
     assert ids(order(jobs, now=6.0, config=cfg, load=2.0)) == ["short", "long"]    # 6 s < 4 half-lives of 2 s
-    fixed = PolicyConfig(aging_half_life_s=1.0, aging_load_exponent=0.0, max_wait_s=0)
+    fixed = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=1.0, aging_load_exponent=0.0, max_wait_s=0)
     assert ids(order(jobs, now=6.0, config=fixed, load=2.0)) == ["long", "short"]
     # The hard maximum wait still wins over any half-life.
-    capped = PolicyConfig(aging_half_life_s=1.0, aging_load_exponent=1.0, max_wait_s=5.0)
+    capped = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=1.0, aging_load_exponent=1.0, max_wait_s=5.0)
     assert ids(order(jobs, now=6.0, config=capped, load=4.0)) == ["long", "short"]
 
 
