@@ -10,16 +10,26 @@
 
 **Aging is multiplicative** (a half-life), not additive::
 
-    effective_weight = weight * 2 ** (-wait_s / aging_half_life_s)
+    effective_weight = weight * 2 ** (-waited / half_life)
 
 so a request's disadvantage against a fresh one shrinks by half every half-life whatever the weights' scale:
 a 30x heavier request overtakes fresh light ones after ``log2(30) ~= 4.9`` half-lives. An additive aging
 rate (tokens per second) is tied to one weight scale and, once waits reach seconds under overload, swamps
 the weights so the order degenerates to FCFS (the throwaway prototype lost to FCFS at 1.7x load that way).
 Because every request decays at the same rate, the order is *time-invariant*: ranking by
-``log2(weight) + arrival_time / half_life`` is equivalent to ranking by ``effective_weight`` at any instant,
-so a request's rank key is computed once (and again only when its cached-prefix estimate or the half-life
-changes). Requests of equal weight are served in arrival order; ties are broken by arrival.
+``log2(weight) + arrival / half_life`` (arrival on the aging clock) is equivalent to ranking by
+``effective_weight`` at any instant, so a request's rank key is computed once (and again only when its
+cached-prefix estimate or the half-life changes). Requests of equal weight are served in arrival order; ties are
+broken by arrival.
+
+**The aging clock is work, not seconds** (``aging_half_life_tokens > 0``, the default): ``waited`` is the token
+weight the engine admitted since the request arrived (the queue's *work clock*, advanced by each step's
+admissions), and the half-life is in tokens. A light request then overtakes a heavy one only if less than
+``log2(weight ratio)`` half-lives of work were admitted between their arrivals, however long that took — so the
+order is the same on a slow CPU and on a fast GPU (a half-life in seconds means half the overtaking on a machine
+twice as fast: on the benchmark, a 1 s half-life tuned on one machine missed the long-request tail target on one
+twice as fast). ``aging_half_life_tokens = 0`` ages in seconds by ``aging_half_life_s`` instead. The hard
+``max_wait_s`` stays in seconds: it is a latency guarantee.
 
 **Hard maximum wait**: a request that has waited ``max_wait_s`` or longer is *overdue* and goes before every
 scored request, overdue requests in arrival order. This is the starvation guarantee; aging only shapes the
@@ -119,7 +129,8 @@ class PolicyConfig:
         if not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
             raise ValueError(f"rate_window_s must be a finite number > 0, got {self.rate_window_s!r}")
         if not (self.aging_half_life_tokens >= 0 and math.isfinite(self.aging_half_life_tokens)):
-            raise ValueError(f"aging_half_life_tokens must be a finite number >= 0, got {self.aging_half_life_tokens!r}")
+            raise ValueError("aging_half_life_tokens must be a finite number >= 0, "
+                             f"got {self.aging_half_life_tokens!r}")
 
     @property
     def work_clock(self) -> bool:
@@ -171,32 +182,35 @@ def load_factor(arriving_per_s: float | None, admitted_per_s: float | None) -> f
 
 
 def half_life(config: PolicyConfig, load: float = 1.0) -> float:
-    """The effective aging half-life at overload factor ``load``: ``aging_half_life_s x load ** exponent``."""
+    """The effective aging half-life at overload factor ``load``: the base half-life (``aging_half_life_tokens`` on
+    the work clock, else ``aging_half_life_s``) x ``load ** aging_load_exponent``, in the aging clock's unit."""
     base = config.aging_half_life_tokens if config.work_clock else config.aging_half_life_s
     if base <= 0:
         return 0.0
     return base * min(max(load, 1.0), MAX_LOAD_FACTOR) ** config.aging_load_exponent
 
 
-def effective_weight(w: float, wait_s: float, config: PolicyConfig, load: float = 1.0) -> float:
-    """Weight after aging: halves every :func:`half_life` of waiting."""
+def effective_weight(w: float, waited: float, config: PolicyConfig, load: float = 1.0) -> float:
+    """Weight after aging: halves every :func:`half_life` of waiting (``waited`` on the aging clock: admitted
+    weight, or seconds)."""
     h = half_life(config, load)
     if h <= 0:
         return w
-    return w * 2.0 ** (-max(wait_s, 0.0) / h)
+    return w * 2.0 ** (-max(waited, 0.0) / h)
 
 
-def rank_key(w: float, arrival_time: float, config: PolicyConfig, epoch: float = 0.0, load: float = 1.0) -> float:
-    """Rank key (lower goes first): ``log2(weight) + (arrival - epoch) / half_life``.
+def rank_key(w: float, arrival: float, config: PolicyConfig, epoch: float = 0.0, load: float = 1.0) -> float:
+    """Rank key (lower goes first): ``log2(weight) + (arrival - epoch) / half_life``, ``arrival`` on the aging
+    clock (:func:`aging_clock`).
 
     Comparing keys compares effective weights at any common instant, for one half-life (one ``load``);
-    ``epoch`` (any fixed time, e.g. the first arrival) only keeps the float small. Weights below 1 token count
-    as 1.
+    ``epoch`` (any fixed clock value, e.g. the first arrival's) only keeps the float small. Weights below 1 token
+    count as 1.
     """
     key = math.log2(max(w, 1.0))
     h = half_life(config, load)
     if h > 0:
-        key += (arrival_time - epoch) / h
+        key += (arrival - epoch) / h
     return key
 
 

@@ -14,7 +14,8 @@ pops it when admitted, ``break`` s on KV-allocation failure and *prepends* preem
 * a **scored lane**: overdue requests (waited ``max_wait_s``) first in arrival order, then the rest by
   the policy's rank key (:mod:`.policy`), re-sorted once per ``schedule()`` — never between a peek and the
   following pop, so peek and pop return the same request. The queue measures the weight arriving and the weight
-  admitted per second; their ratio (the overload factor) scales the aging half-life.
+  admitted per second; their ratio (the overload factor) scales the aging half-life. It also sums the weight
+  admitted — the work clock aging runs on by default (fed by the scheduler after each ``schedule()``).
 
 Cache awareness: a request's cached-prefix tokens are looked up once on arrival and again, at the start of
 each step, for the first ``lookup_candidates`` scored requests only, through

@@ -219,9 +219,12 @@ def test_load_factor_and_half_life():
     assert policy.load_factor(1e6, 1.0) == policy.MAX_LOAD_FACTOR      # a burst's first seconds: clamped
     cfg = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=1.0, aging_load_exponent=1.0)
     assert policy.half_life(cfg) == 1.0 and policy.half_life(cfg, 1.7) == pytest.approx(1.7)
-    assert policy.half_life(PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=0.5, aging_load_exponent=2.0), 2.0) == pytest.approx(2.0)
-    assert policy.half_life(PolicyConfig(aging_load_exponent=0.0), 3.0) == 2500.0   # exponent 0: fixed
-    assert policy.half_life(PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=0.0), 3.0) == 0.0     # no aging stays no aging
+    seconds = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=0.5, aging_load_exponent=2.0)
+    assert policy.half_life(seconds, 2.0) == pytest.approx(2.0)
+    assert policy.half_life(PolicyConfig(aging_load_exponent=0.0), 3.0) == 2500.0   # exponent 0: fixed (tokens)
+    assert policy.half_life(PolicyConfig(), 1.5) == pytest.approx(2500.0 * 1.5 ** 2)  # the defaults
+    no_aging = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=0.0)
+    assert policy.half_life(no_aging, 3.0) == 0.0     # no aging stays no aging
     assert policy.effective_weight(1000.0, 1.7, cfg, load=1.7) == pytest.approx(500.0)
 
 
