@@ -53,8 +53,6 @@ __all__ = [
 @dataclasses.dataclass(eq=False)
 class _Entry(Job):
     w: float = 0.0
-    clock: float = 0.0
-    """The request's arrival on the aging clock (``policy.aging_clock``)."""
     rank: float = 0.0
     sort: tuple = ()
     overdue: bool = False
@@ -125,10 +123,11 @@ class TokenWeightedRequestQueue(RequestQueue):
     def _rescore(self, e: _Entry) -> None:
         request: Request = e.payload
         e.prompt_tokens = request.num_tokens
+        arrival = aging_clock(e, self.config)
         if self._epoch is None:
-            self._epoch = e.clock
+            self._epoch = arrival
         e.w = e.weight(self.config)
-        e.rank = rank_key(e.w, e.clock, self.config, self._epoch, self._rank_load)
+        e.rank = rank_key(e.w, arrival, self.config, self._epoch, self._rank_load)
 
     def weight_of(self, request: Request) -> float:
         """The policy weight of ``request`` with its last known cached-prefix estimate."""
@@ -154,7 +153,7 @@ class TokenWeightedRequestQueue(RequestQueue):
             # Ranks compare effective weights for one half-life: recompute them all when it moves.
             self.half_life, self._rank_load = h, self.load
             for e in live:
-                e.rank = rank_key(e.w, e.clock, cfg, self._epoch or 0.0, self._rank_load)
+                e.rank = rank_key(e.w, aging_clock(e, cfg), cfg, self._epoch or 0.0, self._rank_load)
         num_scored = 0
         for e in live:
             e.overdue = is_overdue(e.arrival_time, now, cfg)
@@ -214,7 +213,6 @@ class TokenWeightedRequestQueue(RequestQueue):
                    max_tokens=request.max_tokens, extra_args=_extra_args(request), priority=request.priority,
                    seq=self._seq, payload=request)
         e.arrival_work = self.work
-        e.clock = aging_clock(e, self.config)
         if self._lookup is not None and not self._fcfs and self.config.lookup_candidates > 0:
             e.cached_tokens = self._cached_tokens(request)
         self._rescore(e)
