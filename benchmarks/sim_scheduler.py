@@ -13,6 +13,8 @@ real run's traces at its rates and prints simulated next to measured figures, so
 
 ``--config NAME:KEY=VALUE,...`` (repeatable) names a token-weighted configuration; keys are ``sched_*`` settings
 without the prefix (``QWEN_VLLM_EXT_SCHED_`` spelling accepted). Without ``--config``: the shipped defaults.
+``--speed 0.5,1,2`` repeats the sweep with every step's cost divided by each factor — an engine half or twice as
+fast — to show how a setting depends on the engine's speed (capacity and rates are re-measured at each speed).
 """
 from __future__ import annotations
 
