@@ -268,7 +268,7 @@ def test_bad_scheduler_settings_fail_at_resolution_with_the_setting_named():
     from qwen_vllm_ext.config import Settings, SettingsError
 
     for name, value in (("sched_aging_load_exponent", -1), ("sched_max_wait_s", "nan"), ("sched_rate_window_s", 0),
-                        ("sched_output_weight", "inf")):
+                        ("sched_output_weight", "inf"), ("sched_aging_half_life_tokens", -5)):
         with pytest.raises(SettingsError, match=f"setting '{name}': .*must be"):
             Settings.resolve(env={}, cli={name: value})
     assert Settings.resolve(env={}, cli={"sched_aging_load_exponent": 2}).sched_aging_load_exponent == 2.0
