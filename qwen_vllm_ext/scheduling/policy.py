@@ -40,9 +40,9 @@ where ``load`` is the measured overload factor — the weight arriving per secon
 second, both over the last ``rate_window_s`` — clamped to ``[1, MAX_LOAD_FACTOR]``. Below capacity nothing
 changes. Under overload the FCFS queue grows faster the heavier the load, and a fixed half-life then lets short
 requests overtake only a shrinking share of it: one short enough to keep long prompts' tail near FCFS's at a mild
-overload (about 1 s on the benchmark) leaves short requests queued behind the older backlog at a heavy one
-(1.5-2 s in the simulator at 1.7x). Scaling with the measured load gives each its window (see the README's
-scheduler section for the sweep in the simulator and the engine runs). The factor is re-measured at every step;
+overload leaves short requests queued behind the older backlog at a heavy one. Scaling with the measured load
+(squared, by default) gives each its window (see the README's scheduler section for the sweep in the simulator
+and the engine runs). The factor is re-measured at every step;
 the queue recomputes every rank when the half-life moves by more than 2%.
 
 **Grouping** (optional, ``group_ratio > 1``): after ordering, requests whose weight is within a factor
