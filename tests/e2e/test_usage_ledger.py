@@ -99,7 +99,10 @@ def run_mix(server, store) -> None:
 
     def disconnect(i):
         rid = f"disc-{tag}-{i}"
-        body = {**base, "messages": [{"role": "user", "content": f"Go on forever {i}"}], "max_tokens": 1500,
+        # The abort normally lands a few tokens after the client leaves; max_tokens near the context limit keeps
+        # the engine from finishing first (then the record would rightly say "length") when a loaded machine
+        # slows the API server: a CI run once saw 1,500 tokens generated before the disconnect was noticed.
+        body = {**base, "messages": [{"role": "user", "content": f"Go on forever {i}"}], "max_tokens": 4000,
                 "ignore_eos": True}
         return rid, "client_disconnected", stream(client, body, rid, stop_after=3 + i)
 
