@@ -211,8 +211,7 @@ class TokenWeightedRequestQueue(RequestQueue):
         self._seq += 1
         e = _Entry(arrival_time=request.arrival_time, prompt_tokens=request.num_tokens,
                    max_tokens=request.max_tokens, extra_args=_extra_args(request), priority=request.priority,
-                   seq=self._seq, payload=request)
-        e.arrival_work = self.work
+                   seq=self._seq, payload=request, arrival_work=self.work)
         if self._lookup is not None and not self._fcfs and self.config.lookup_candidates > 0:
             e.cached_tokens = self._cached_tokens(request)
         self._rescore(e)
