@@ -434,6 +434,7 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
     from qwen_v3_calculator import Calculator
     from qwen_v3_calculator.billing import get_policy
     from qwen_vllm_ext.config import Settings
+    from qwen_vllm_ext.gateway.admission import Served
     from qwen_vllm_ext.gateway.keys import KeyCache, SqliteKeyStore
     from qwen_vllm_ext.gateway.limiter import SqliteLimiter
     from qwen_vllm_ext.gateway.middleware import GatewayMiddleware
@@ -465,7 +466,7 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
     gateway = GatewayMiddleware(app, settings=settings, keys=KeyCache(keys), limiter=limiter,
                                 policy=get_policy("default"), on_spike=breaker.observe_sync,
                                 inline_limiter=limiter.nonblocking())
-    state = types.SimpleNamespace(qwen_vllm_ext_calculator=Calculator(), qwen_max_model_len=4096)
+    state = types.SimpleNamespace(qwen_gateway_served=Served(Calculator(), 4096, names=("m",)))
     texts = prompts(64, SEED)
 
     async def one(i):

@@ -140,8 +140,10 @@ class EndpointPlugin:
     async def init_state(self, engine_client, state, args) -> None:
         state.qwen_vllm_ext_settings = Settings.current()
         counting.init_state(state, args)
-        if engine_client is not None:
-            state.qwen_max_model_len = engine_client.model_config.max_model_len
+        if engine_client is not None and state.qwen_vllm_ext_settings.gateway:
+            from .gateway import server as gateway_server
+
+            gateway_server.init_state(engine_client, state, args)
         from .kv import server as kv_server
 
         await kv_server.init_state(engine_client, state, state.qwen_vllm_ext_settings, args)

@@ -1,9 +1,12 @@
 """Admission decisions of the gateway, as pure functions (no ASGI, no vLLM): body checks, exact cost, headers.
 
 Everything a request is judged on before the engine sees it: the JSON body (well-formed, an object, not
-double-wrapped, the right types), the key's scope (model, max_tokens cap), the exact prompt count from
-``qwen_v3_calculator`` (chat template included) against the context length, and the token cost reserved:
-``prompt + min(max_tokens or the key's cap, max_model_len - prompt) x n``.
+double-wrapped, the right types), the key's scope (the model the engine will serve -- the default one when
+the request names none -- and the max_tokens cap), every request field classified by :mod:`.request_fields`
+(counted exactly, or refused with 400), the exact prompt count from ``qwen_v3_calculator`` (chat template and
+template kwargs merged as vLLM merges them, truncation applied) against the context length, and the token
+cost reserved: ``prompt + min(max_tokens or the key's cap, max_model_len - prompt) x n`` -- the prompt once,
+as usage counts it, the output once per parallel sample.
 """
 from __future__ import annotations
 
@@ -13,11 +16,24 @@ import math
 
 from qwen_v3_calculator.hygiene import sanitize
 
+from .request_fields import TEMPLATE_KWARGS, rejected_field, unknown_fields
+
 GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 # POST routes that generate nothing and may pass an authenticated key unmetered; every other POST (vLLM's
 # /v1/responses, /v1/messages, /invocations, /inference/v1/generate, ...) is refused while the gateway is on,
 # so no generation escapes metering.
 UNMETERED_POST = ("/tokenize", "/detokenize", "/v1/tokens/count")
+# Generating routes the gateway refuses, and why: each would need its own exact count (README, "Routes").
+REFUSED_ROUTES = {
+    "/v1/responses": "the Responses API renders stored conversation state (previous_response_id), built-in "
+                     "tools and instructions into the prompt on the server, which the gateway cannot count "
+                     "before the engine; use /v1/chat/completions",
+    "/v1/messages": "the Anthropic Messages API is converted to a chat request inside vLLM with server-side "
+                    "probes the gateway does not yet reproduce; use /v1/chat/completions",
+    "/invocations": "SageMaker invocations dispatch to any task by body shape; call the OpenAI route directly",
+    "/inference/v1/generate": "token-in/token-out generation bypasses the chat and completion request models "
+                              "the gateway counts; use /v1/completions with token ids",
+}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
 HINT_KEY_SETTING = "sched_output_hint_key"
 
@@ -40,9 +56,14 @@ class Admission:
     completion_tokens: int  # the most the engine may generate for the whole request (every prompt, every n)
     cost: int  # tokens reserved against TPM: prompt_tokens + completion_tokens
     sanitized_chars: int
+    model: str | None = None  # the model the engine serves the request with (the default when none is named)
 
     def encoded(self) -> bytes:
         return json.dumps(self.body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def refusal_reason(path: str) -> str:
+    return REFUSED_ROUTES.get(path, "no generating route other than those can be metered")
 
 
 def parse_body(raw: bytes) -> dict:
@@ -96,43 +117,144 @@ def _int_field(body: dict, name: str, minimum: int) -> int | None:
     return value
 
 
-def count_prompts(body: dict, kind: str, calculator) -> list[int]:
-    """Exact token count of each prompt of the request (one for chat)."""
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """What admission needs to know about the served model, read once at startup by the gateway's glue."""
+
+    calculator: object  # qwen_v3_calculator.Calculator for the served tokenizer and template
+    max_model_len: int
+    names: tuple[str, ...] = ()  # served model names; the first is the default vLLM serves when 'model' is absent
+    engine_fields: dict = dataclasses.field(default_factory=dict)  # kind -> field names of vLLM's request model
+    template_defaults: dict = dataclasses.field(default_factory=dict)  # --default-chat-template-kwargs
+    exclude_tools_when_tool_choice_none: bool = False  # the vLLM server flag of that name
+
+    def resolve_model(self, body: dict) -> str | None:
+        """The model the engine serves this request with: vLLM serves its default model when 'model' is
+        missing, null or empty."""
+        model = body.get("model")
+        if model is None or model == "":
+            return self.names[0] if self.names else None
+        if not isinstance(model, str):
+            raise Rejection(400, "invalid_request_error", f"'model' must be a string, got {model!r}", param="model")
+        return model
+
+
+def check_model_scope(body: dict, key, served: Served) -> str | None:
+    """Refuse a key outside its model scope, for the model the engine will actually serve."""
+    model = served.resolve_model(body)
+    if key is not None and key.models and (model is None or not key.allows_model(model)):
+        raise Rejection(403, "model_not_allowed", f"this API key may not use model {model!r}"
+                        f"{' (the default model, as the request names none)' if not body.get('model') else ''}; "
+                        f"allowed: {', '.join(key.models)}", param="model", type_="permission_error")
+    return model
+
+
+def _merge(defaults: dict, overrides: dict) -> dict:
+    """vLLM's ``merge_kwargs``: overrides win unless they are None or "auto"."""
+    return {**defaults, **{k: v for k, v in overrides.items() if v is not None and v != "auto"}}
+
+
+def template_kwargs(body: dict, server_defaults: dict | None = None) -> dict:
+    """The chat template kwargs vLLM renders this request with (``ChatCompletionRequest.build_chat_params``
+    merged over the server's ``--default-chat-template-kwargs`` by ``ChatParams.with_defaults``)."""
+    user = body.get("chat_template_kwargs")
+    if user is None:
+        user = {}
+    if not isinstance(user, dict):
+        raise ValueError("'chat_template_kwargs' must be an object")
+    unknown = sorted(set(user) - TEMPLATE_KWARGS)
+    if unknown:
+        raise Rejection(400, "unsupported_parameter", f"chat_template_kwargs {unknown} cannot be counted by the "
+                        f"gateway (it counts {', '.join(sorted(TEMPLATE_KWARGS))}); leave them out",
+                        param="chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    extra = {"add_generation_prompt": body.get("add_generation_prompt", True),
+             "continue_final_message": body.get("continue_final_message", False),
+             "documents": body.get("documents"), "reasoning_effort": effort}
+    if effort is not None and "enable_thinking" not in user:
+        extra["enable_thinking"] = effort != "none"
+    return _merge(server_defaults or {}, _merge(user, extra))
+
+
+def _truncated(count: int, body: dict) -> int:
+    limit = body.get("truncate_prompt_tokens")
+    if limit is None:
+        return count
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise Rejection(400, "unsupported_parameter", f"'truncate_prompt_tokens' must be an integer >= 0 behind "
+                        f"the gateway (got {limit!r}); -1 (the whole context) depends on the engine's budget and "
+                        "cannot be reserved exactly: send the number of tokens to keep", param="truncate_prompt_tokens")
+    return min(count, limit)
+
+
+def count_prompts(body: dict, kind: str, calculator, served: Served | None = None) -> list[int]:
+    """Exact token count of each prompt of the request (one for chat), as the engine will see it."""
     try:
         if kind == "chat":
             if not isinstance(body.get("messages"), list):
                 raise ValueError("'messages' must be a list of message objects")
-            kwargs = body.get("chat_template_kwargs") or {}
-            if not isinstance(kwargs, dict):
-                raise ValueError("'chat_template_kwargs' must be an object")
-            return [calculator.count_chat(body["messages"], tools=body.get("tools"),
-                                          add_generation_prompt=body.get("add_generation_prompt", True), **kwargs)]
+            kwargs = template_kwargs(body, served.template_defaults if served else None)
+            for name in ("add_generation_prompt", "continue_final_message"):
+                kwargs[name] = bool(kwargs.get(name, name == "add_generation_prompt"))
+            kwargs.pop("documents", None)  # the Qwen templates do not read documents
+            kwargs.pop("reasoning_effort", None)  # already turned into enable_thinking, as vLLM does
+            count = calculator.count_chat(
+                body["messages"], tools=body.get("tools"), tool_choice=body.get("tool_choice"),
+                exclude_tools_when_tool_choice_none=bool(served and served.exclude_tools_when_tool_choice_none),
+                **kwargs)
+            return [_truncated(count, body)]
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return [calculator.count_tokens(prompt)]
-        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            return [calculator.count_tokens(p) for p in prompt]
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return [len(prompt)]  # token ids
-        raise ValueError("'prompt' must be a string, a list of strings or a list of token ids")
+            counts = [calculator.count_tokens(prompt)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            counts = calculator.count_tokens_batch(prompt)
+        elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+            counts = [len(prompt)]  # token ids
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) and p and all(_is_int(t) for t in p)
+                                                         for p in prompt):
+            counts = [len(p) for p in prompt]  # a batch of token-id prompts
+        else:
+            raise ValueError("'prompt' must be a string, a list of strings, a list of token ids or a list of "
+                             "token-id lists (none empty)")
+        return [_truncated(c, body) for c in counts]
     except (TypeError, ValueError) as exc:
         raise Rejection(400, "invalid_request_error", str(exc),
                         param="messages" if kind == "chat" else "prompt") from None
 
 
-def admit(body: dict, kind: str, key, calculator, max_model_len: int, over_cap: str = "reject",
-          clean: bool = True) -> Admission:
-    """Check a parsed generation request against the key's scope and compute its exact cost."""
-    model = body.get("model")
-    if key is not None and model is not None and not key.allows_model(str(model)):
-        raise Rejection(403, "model_not_allowed", f"this API key may not use model {model!r}; allowed: "
-                        f"{', '.join(key.models)}", param="model", type_="permission_error")
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_fields(body: dict, kind: str, served: Served | None) -> None:
+    """Refuse fields the gateway cannot count (see :mod:`.request_fields`)."""
+    rejected = rejected_field(body, kind)
+    if rejected:
+        name, reason = rejected
+        raise Rejection(400, "unsupported_parameter", f"'{name}' is not supported through the gateway: {reason}",
+                        param=name)
+    unknown = unknown_fields(body, kind, (served.engine_fields or {}).get(kind) if served else None)
+    if unknown:
+        raise Rejection(400, "unsupported_parameter", f"{unknown} cannot be counted by the gateway: this vLLM reads "
+                        "them but the gateway does not know their effect on the prompt yet; leave them out",
+                        param=unknown[0])
+
+
+def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", clean: bool = True) -> Admission:
+    """Check a parsed generation request against the key's scope and compute its exact cost.
+
+    Rule for ``n`` (parallel samples): the prompt is counted once per prompt (as usage reports it) and the
+    output up to ``n x max_tokens``; the reconciliation charges usage's prompt + completion tokens.
+    """
+    model = check_model_scope(body, key, served)
+    check_fields(body, kind, served)
     removed = sanitize_body(body, kind) if clean else 0
     # vLLM reads max_completion_tokens (chat only) before max_tokens; completions know max_tokens only.
     name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None \
         else "max_tokens"
     max_tokens = _int_field(body, name, 1)
     n = _int_field(body, "n", 1) or 1
+    _int_field(body, "min_tokens", 0)
     changed = removed > 0
     cap = getattr(key, "max_tokens_cap", None) if key is not None else None
     if cap is not None and max_tokens is not None and max_tokens > cap:
@@ -145,8 +267,9 @@ def admit(body: dict, kind: str, key, calculator, max_model_len: int, over_cap: 
         changed = True
     if max_tokens is None and kind == "completion":
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-    prompts = count_prompts(body, kind, calculator)
+    prompts = count_prompts(body, kind, served.calculator, served)
     longest = max(prompts)
+    max_model_len = served.max_model_len
     if longest >= max_model_len:
         raise Rejection(400, "context_length_exceeded", f"the prompt has {longest} tokens but this model's "
                         f"context is {max_model_len} tokens (prompt + output); shorten the prompt or the "
@@ -154,7 +277,7 @@ def admit(body: dict, kind: str, key, calculator, max_model_len: int, over_cap: 
     completion = n * sum(min(max_tokens, max_model_len - p) if max_tokens is not None else max_model_len - p
                          for p in prompts)  # an upper bound of what the engine can generate
     return Admission(body=body, body_changed=changed, prompt_tokens=sum(prompts), completion_tokens=completion,
-                     cost=sum(prompts) + completion, sanitized_chars=removed)
+                     cost=sum(prompts) + completion, sanitized_chars=removed, model=model)
 
 
 def strip_hint(body: dict, hint_key: str) -> bool:

@@ -21,7 +21,8 @@ import time
 
 from ..errors import error_body
 from ..usage.middleware import to_micro
-from .admission import GENERATION_PATHS, UNMETERED_POST, Rejection, admit, duration, parse_body, strip_hint
+from .admission import (GENERATION_PATHS, UNMETERED_POST, Rejection, admit, check_model_scope, duration, parse_body,
+                        refusal_reason, strip_hint)
 
 logger = logging.getLogger("qwen_vllm_ext.gateway")
 
@@ -31,6 +32,9 @@ SLOT_LEASE_S = 30.0
 WINDOW_S = 60.0
 DAY_S, MONTH_S = 86400.0, 31 * 86400.0
 OVERHEAD_HEADER = b"x-qwen-gateway-overhead-ms"
+PROMPT_TOKENS_HEADER = "x-qwen-prompt-tokens"  # the admission count of the prompt (== usage.prompt_tokens)
+RESERVED_TOKENS_HEADER = "x-qwen-reserved-tokens"  # reserved against TPM: prompt + the most the engine may generate
+MODELS_PATH = "/v1/models"
 INLINE_BODY_BYTES = 256 << 10  # bodies up to this size are admitted on the event loop
 UNAVAILABLE = object()  # the limiter store failed and limiter_failure=open: admit unmetered
 
@@ -118,17 +122,27 @@ class GatewayMiddleware:
             return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
                                  rej.headers)
         scope.setdefault("state", {})["qwen_api_key_id"] = key.key_id
+        served = scope["app"].state.qwen_gateway_served  # the served model's calculator, context, names
         kind = GENERATION_PATHS.get(path)
         if kind is None:
-            if scope.get("method") != "POST" or path in UNMETERED_POST or path.endswith("/render"):
+            if scope.get("method") == "GET" and path == MODELS_PATH and key.models:
+                return await self.app(scope, receive, _models_filter(send, key))
+            if scope.get("method") != "POST":
                 return await self.app(scope, receive, send)  # authenticated; nothing to meter
-            return await respond(send, 403, error_payload(
-                "endpoint_not_allowed", f"{path} is not available through the gateway, which meters "
-                "/v1/chat/completions and /v1/completions only", type_="permission_error"))
+            if path not in UNMETERED_POST and not path.endswith("/render"):
+                return await respond(send, 403, error_payload(
+                    "endpoint_not_allowed", f"{path} is not available through the gateway: it meters "
+                    f"{', '.join(GENERATION_PATHS)}; {refusal_reason(path)}", type_="permission_error"))
+            try:  # generates nothing, but names a model: the key's scope still applies
+                raw = await self._read_body(receive)
+                check_model_scope(parse_body(raw), key, served)
+            except Rejection as rej:
+                return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
+                                     rej.headers)
+            return await self.app(scope, _replay(raw, receive), send)
         try:
             raw = await self._read_body(receive)
-            state = scope["app"].state  # the served model's calculator and context, set at startup
-            args = (kind, key, state.qwen_vllm_ext_calculator, state.qwen_max_model_len)
+            args = (kind, key, served)
             if len(raw) <= INLINE_BODY_BYTES:  # microseconds: a thread hop would cost more under load
                 admission = admit(parse_body(raw), *args, over_cap=self.settings.max_tokens_over_cap)
             else:  # exact counting of up to max_body_bytes (~1 s for 8 MB): off the event loop
@@ -140,19 +154,15 @@ class GatewayMiddleware:
         except Rejection as rej:
             return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
                                  rej.headers)
+        scope["state"]["qwen_model"] = admission.model  # the ledger records the model the engine serves
         body = admission.encoded() if admission.body_changed else raw
-        extra = {**held["headers"], OVERHEAD_HEADER.decode(): f"{(time.perf_counter() - started) * 1000:.3f}"}
+        extra = {**held["headers"], PROMPT_TOKENS_HEADER: str(admission.prompt_tokens),
+                 RESERVED_TOKENS_HEADER: str(admission.cost),
+                 OVERHEAD_HEADER.decode(): f"{(time.perf_counter() - started) * 1000:.3f}"}
         scope["state"].setdefault("qwen_usage_callbacks", []).append(lambda record: self._reconcile(held, record))
         renew = asyncio.get_running_loop().create_task(self._renew_slot(held)) if held["slot"] else None
 
-        replayed = False
-
-        async def replay_receive():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+        replay_receive = _replay(body, receive)
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
@@ -304,7 +314,7 @@ class GatewayMiddleware:
 
     def _reconcile(self, held, record) -> None:
         """Ledger callback (event loop): hand the request's settlement to one worker-thread job."""
-        actual = record.engine_prompt_tokens + record.completion_tokens
+        actual = record.usage_tokens  # the rule for n > 1: what usage says, the prompt counted once
         adjust = {name: (amount if name.endswith(":rpm") else actual) for name, _, _, amount in held["items"]}
         if held["reservation"] or held["budget"] or self.on_spike is not None:
             asyncio.get_running_loop().run_in_executor(None, self._settle, held, adjust, record)
@@ -324,6 +334,46 @@ class GatewayMiddleware:
                 fn(*args)
             except Exception:  # the store is failing: reservations expire with their windows
                 logger.exception("qwen-vllm-ext gateway: settling a request failed (%s)", getattr(fn, "__name__", fn))
+
+
+def _replay(body: bytes, receive):
+    """An ASGI receive that hands the app the body the gateway already read, then the client's messages."""
+    replayed = False
+
+    async def replay_receive():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay_receive
+
+
+def _models_filter(send, key):
+    """Send wrapper for ``GET /v1/models``: a scoped key sees only the models it may use."""
+    start: dict = {}
+    chunks: list[bytes] = []
+
+    async def filtered(message):
+        if message["type"] == "http.response.start":
+            start.update(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        raw = b"".join(chunks)
+        try:
+            listing = json.loads(raw)
+            listing["data"] = [m for m in listing.get("data", []) if key.allows_model(str(m.get("id")))]
+            raw = json.dumps(listing).encode()
+        except (ValueError, AttributeError, TypeError):
+            pass  # not the listing vLLM sends (an error body): pass it on unchanged
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        await send({**start, "headers": [*headers, (b"content-length", str(len(raw)).encode())]})
+        await send({"type": "http.response.body", "body": raw})
+
+    return filtered
 
 
 def check_admin(scope, admin_key: str) -> bool:

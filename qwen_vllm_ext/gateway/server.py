@@ -34,3 +34,29 @@ def attach(app, settings) -> None:
                        policy=get_policy(settings.billing_policy), on_spike=breaker.observe_sync, inline_limiter=inline)
     admin.attach(app, key_store, settings.admin_key)
     logger.info("qwen-vllm-ext: gateway on (keys: %s, limiter: %s)", settings.ledger_backend, settings.limiter_backend)
+
+
+def engine_request_fields() -> dict[str, frozenset]:
+    """Field names of the installed vLLM's generation request models (admission refuses a field it does not
+    classify; see :mod:`.request_fields`)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    return {"chat": frozenset(ChatCompletionRequest.model_fields),
+            "completion": frozenset(CompletionRequest.model_fields)}
+
+
+def init_state(engine_client, state, args) -> None:
+    """Put what admission needs to know about the served model on ``app.state.qwen_gateway_served``
+    (after ``counting.init_state`` has built the calculator)."""
+    from .admission import Served
+
+    names = getattr(args, "served_model_name", None) or [args.model]
+    state.qwen_gateway_served = Served(
+        calculator=state.qwen_vllm_ext_calculator,
+        max_model_len=engine_client.model_config.max_model_len,
+        names=tuple([names] if isinstance(names, str) else names),
+        engine_fields=engine_request_fields(),
+        template_defaults=dict(getattr(args, "default_chat_template_kwargs", None) or {}),
+        exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none", False)),
+    )

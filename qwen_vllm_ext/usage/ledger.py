@@ -118,6 +118,13 @@ class LedgerRecord:
     def __post_init__(self) -> None:
         self.validate()
 
+    @property
+    def usage_tokens(self) -> int:
+        """Prompt + completion tokens as usage and billing count them: each prompt once (also with ``n`` > 1
+        parallel samples), and only when the engine computed it; every sample's generated tokens. The gateway
+        charges exactly this against TPM."""
+        return (self.prompt_tokens if self.engine_prompt_tokens else 0) + self.completion_tokens
+
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field (also run by the stores before writing)."""
         for name in ("request_id", "instance_id", "model", "endpoint"):

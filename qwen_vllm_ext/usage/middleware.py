@@ -157,6 +157,8 @@ class UsageLedgerMiddleware:
         bill = self.policy.bill(billed_prompt, totals.completion_tokens,
                                 cached_tokens=min(totals.cached_tokens, billed_prompt))
         model = body.get("model") if isinstance(body.get("model"), str) else ""
+        # a request that names no model is served by the default one: the gateway says which
+        model = model or (scope.get("state") or {}).get("qwen_model") or ""
         conversation = conversation_id(scope.get("headers"), body)
         reuse_ratio = None
         if status in ("stop", "length") and totals.engine_prompt_tokens:  # a turn the engine really ran

@@ -273,3 +273,134 @@ def test_two_api_servers_sharing_redis_never_overshoot(tmp_path_factory):
                 time.sleep(0.5)
         finally:
             server.stop()
+
+
+# ---- issue 18: scope on the model the engine serves, every field counted, the rule for n ---------------------
+def auth(secret):
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def test_scope_applies_to_the_default_model_and_every_route(gw):
+    """A key scoped to other models cannot reach the served model by leaving 'model' out, on any route."""
+    server, data = gw
+    client = httpx.Client(base_url=server.base_url, timeout=120)
+    scoped = auth(make_key(data, "--name", "scope-bypass", "--models", "other-model")["secret"])
+    for path, body in (("/v1/chat/completions", {"messages": HI, "max_tokens": 2}),
+                       ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                       ("/tokenize", {"prompt": "hi"}), ("/v1/tokens/count", {"prompt": "hi"})):
+        for variant in ({}, {"model": None}, {"model": ""}, {"model": SERVED_NAME}):
+            r = client.post(path, headers=scoped, json={**body, **variant})
+            assert r.status_code == 403, (path, variant, r.text)
+            assert r.json()["error"]["code"] == "model_not_allowed"
+    assert client.get("/v1/models", headers=scoped).json()["data"] == []  # lists only the key's models
+    own = auth(make_key(data, "--name", "scope-own", "--models", SERVED_NAME)["secret"])
+    r = client.post("/v1/chat/completions", headers=own, json={"messages": HI, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == SERVED_NAME
+    assert [m["id"] for m in client.get("/v1/models", headers=own).json()["data"]] == [SERVED_NAME]
+    assert client.post("/tokenize", headers=own, json={"prompt": "hi"}).status_code == 200
+
+
+def test_reasoning_effort_is_reserved_exactly_and_tpm_never_overshoots(gw):
+    """40 simultaneous requests with reasoning_effort "none" (4 more prompt tokens than without) under TPM 650."""
+    server, data = gw
+    key = make_key(data, "--name", "effort", "--tpm", "650", "--rpm", "10000")
+    barrier = threading.Barrier(40)
+    results = [None] * 40
+
+    def worker(i):
+        with httpx.Client(base_url=server.base_url, timeout=300) as client:
+            barrier.wait()
+            results[i] = chat(client, key["secret"], max_tokens=40, reasoning_effort="none")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    admitted = [r for r in results if r.status_code == 200]
+    assert all(r.status_code == 429 for r in results if r.status_code != 200)
+    used = sum(r.json()["usage"]["total_tokens"] for r in admitted)
+    assert used <= 650 and len(admitted) == 650 // (13 + 40)  # prompt 9 + the empty think block's 4
+    for r in admitted:
+        assert int(r.headers["x-qwen-prompt-tokens"]) == r.json()["usage"]["prompt_tokens"] == 13
+
+
+def test_n_samples_are_charged_what_usage_says(gw):
+    """n=2: the prompt is reserved and charged once (as usage counts it), the output twice."""
+    server, data = gw
+    key = make_key(data, "--name", "n-rule", "--tpm", "5000", "--rpm", "10000")
+    client = httpx.Client(base_url=server.base_url, timeout=120)
+    r = chat(client, key["secret"], max_tokens=24, n=2)
+    assert r.status_code == 200
+    usage = r.json()["usage"]
+    assert usage == {**usage, "prompt_tokens": 9, "completion_tokens": 48, "total_tokens": 57}
+    assert int(r.headers["x-qwen-reserved-tokens"]) == 57 and int(r.headers["x-ratelimit-remaining-tokens"]) == 5000 - 57
+    time.sleep(1.0)  # reconciliation runs right after the ledger commit
+    probe = chat(client, key["secret"], max_tokens=1)
+    assert int(probe.headers["x-ratelimit-remaining-tokens"]) == 5000 - 57 - 10  # charged 57, not 57 + 9
+
+
+def run_field_mix(server, data, seed, count, name):
+    """Send the seeded field mix in chunks of one fresh key each; per request, the admission count must equal
+    the engine's prompt_tokens; per chunk, the key's TPM window must hold exactly what usage says was used."""
+    from qwen_vllm_ext.bench.field_mix import bodies
+    from qwen_vllm_ext.gateway.request_fields import FIELDS
+
+    outcomes, covered = [], {"chat": set(), "completion": set()}
+    mix = bodies(seed, count, SERVED_NAME)
+    client = httpx.Client(base_url=server.base_url, timeout=120)
+    tpm, chunk = 10**6, 10  # 10 requests per key stay under the test server's spike threshold
+    for start in range(0, len(mix), chunk):
+        key = client.post("/qwen_ext/admin/keys", headers=auth(ADMIN), json={
+            "name": f"{name}-{start}", "tpm": tpm, "rpm": 100000, "max_tokens_cap": 4}).json()
+        began, used = time.monotonic(), 0
+        for kind, body in mix[start:start + chunk]:
+            covered[kind] |= {f for f in body if f in FIELDS[kind]}
+            path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+            r = client.post(path, headers=auth(key["key"]), json=body)
+            outcomes.append((kind, body, r.status_code, r.json()["error"]["code"] if r.status_code != 200 else None))
+            if r.status_code == 200:
+                usage = r.json()["usage"]
+                assert int(r.headers["x-qwen-prompt-tokens"]) == usage["prompt_tokens"], (kind, body, usage)
+                assert usage["total_tokens"] <= int(r.headers["x-qwen-reserved-tokens"]), (kind, body, usage)
+                used += usage["total_tokens"]
+            elif r.json()["error"]["code"] == "unsupported_parameter":
+                assert r.status_code == 400 and r.json()["error"]["param"], r.text
+        time.sleep(0.3)  # the last reconciliation
+        probe = chat(client, key["key"], max_tokens=1)
+        assert time.monotonic() - began < 55, "a chunk outlived the 60 s window: the sum below would be wrong"
+        assert int(probe.headers["x-ratelimit-remaining-tokens"]) == tpm - used - 10, (name, start)
+    return outcomes, covered
+
+
+@pytest.fixture(scope="module")
+def gw_stock(tmp_path_factory):
+    """The gateway on the model's own (official Qwen3) chat template instead of the KV-reuse one."""
+    server, data = gateway_server(tmp_path_factory, "gw-stock", ("--qwen-kv-reuse-template", "false"))
+    server.wait_healthy()
+    yield server, data
+    server.stop()
+
+
+@pytest.mark.parametrize("template", ["qwen3-reuse", "qwen3"])
+def test_field_coverage_admission_count_equals_engine_count(request, template):
+    """Hundreds of seeded requests over every field that changes the prompt or the reservation, on both
+    templates: admitted -> reserved prompt == engine prompt_tokens, charge == usage; refused -> a named 400."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    from qwen_vllm_ext.gateway.request_fields import NONE, FIELDS
+
+    server, data = request.getfixturevalue("gw" if template == "qwen3-reuse" else "gw_stock")
+    health = httpx.get(server.base_url + "/qwen_ext/health", timeout=30).json()
+    assert health["kv_reuse"]["reuse_template"] is (template == "qwen3-reuse")
+    outcomes, covered = run_field_mix(server, data, seed=18 + len(template), count=400, name=f"mix-{template}")
+    for kind, model in (("chat", ChatCompletionRequest), ("completion", CompletionRequest)):
+        assert set(model.model_fields) <= set(FIELDS[kind]), "a vLLM request field the gateway does not classify"
+        wanted = {f for f, handling in FIELDS[kind].items() if handling != NONE and f in model.model_fields}
+        assert wanted <= covered[kind], f"{kind}: fields the mix never sets: {sorted(wanted - covered[kind])}"
+    admitted = [o for o in outcomes if o[2] == 200]
+    refused = [o for o in outcomes if o[3] == "unsupported_parameter"]
+    assert len(admitted) >= 0.6 * len(outcomes) and refused, (len(admitted), len(refused), len(outcomes))
+    other = [o for o in outcomes if o[2] != 200 and o[3] != "unsupported_parameter"]
+    assert all(o[2] == 400 for o in other), other  # vLLM's own 400s (e.g. tool_choice auto without a parser)

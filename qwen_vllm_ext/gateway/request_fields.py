@@ -1,0 +1,94 @@
+"""What the gateway does with every field of vLLM's generation request models (pure data, no vLLM import).
+
+The gateway promises that admission counts exactly what the engine will compute. Every field of vLLM's
+``ChatCompletionRequest`` and ``CompletionRequest`` (0.32; the 0.33 additions are listed too) is classified
+here, once:
+
+* ``PROMPT`` -- changes the rendered or tokenized prompt; :func:`qwen_vllm_ext.gateway.admission.count_prompts`
+  applies it the way vLLM's request handling does (template kwargs merged as ``build_chat_params`` and
+  ``ChatParams.with_defaults`` merge them, truncation as ``TokenizeParams`` applies it, ...).
+* ``OUTPUT`` -- bounds what the engine may generate: read by the reservation (``max_tokens`` /
+  ``max_completion_tokens``, ``n``) or bounded by it (``min_tokens`` <= the max).
+* ``SCOPE`` -- ``model``: resolved to the model the engine will serve, then checked against the key's scope.
+* ``NONE`` -- cannot change the prompt or the most the engine may generate (sampling, output formatting,
+  routing, ids, ...).
+* ``REJECT`` -- the gateway cannot count the request exactly when the field is set to anything but its
+  default: it answers 400 ``unsupported_parameter`` naming the field and the reason (``REJECT_REASONS``).
+
+A field of the installed vLLM's request model that is not in this table is refused with 400 when a request
+sets it (:func:`unknown_fields`), and ``tests/integration/test_request_fields.py`` fails on it: a new vLLM
+field is a failing test, not a silent gap.
+"""
+from __future__ import annotations
+
+PROMPT, OUTPUT, SCOPE, NONE, REJECT = "prompt", "output", "scope", "none", "reject"
+
+_COMMON_NONE = (
+    "frequency_penalty", "logit_bias", "presence_penalty", "seed", "stop", "stream", "stream_options", "temperature",
+    "top_p", "user", "top_k", "min_p", "repetition_penalty", "watermarking", "length_penalty", "stop_token_ids",
+    "include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "allowed_token_ids", "prompt_logprobs", "logprob_token_ids", "bad_words", "response_format",
+    "structured_outputs", "priority", "request_id", "session_id", "return_tokens_as_token_ids", "return_token_ids",
+    "routed_experts_prompt_start", "return_token_offsets", "mm_payload", "return_mm_kwargs", "cache_salt",
+    "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "repetition_detection", "thinking_token_budget",
+    "stream_interval", "echo",  # echo returns the prompt text in the output; usage counts are unchanged
+)
+
+CHAT_FIELDS: dict[str, str] = {
+    **dict.fromkeys(_COMMON_NONE, NONE),
+    "model": SCOPE,
+    "messages": PROMPT, "tools": PROMPT, "tool_choice": PROMPT, "reasoning_effort": PROMPT,
+    "chat_template_kwargs": PROMPT, "documents": PROMPT, "add_generation_prompt": PROMPT,
+    "continue_final_message": PROMPT, "add_special_tokens": PROMPT, "truncate_prompt_tokens": PROMPT,
+    "truncation_side": PROMPT,
+    "max_tokens": OUTPUT, "max_completion_tokens": OUTPUT, "n": OUTPUT, "min_tokens": OUTPUT,
+    "use_beam_search": REJECT, "chat_template": REJECT,
+    # text-only prompts: media parts are refused by the count; these only configure media processing
+    "media_io_kwargs": NONE, "mm_processor_kwargs": NONE,
+    "logprobs": NONE, "top_logprobs": NONE, "include_reasoning": NONE, "parallel_tool_calls": NONE,
+    "return_prompt_text": NONE,
+}
+
+COMPLETION_FIELDS: dict[str, str] = {
+    **dict.fromkeys(_COMMON_NONE, NONE),
+    "model": SCOPE,
+    "prompt": PROMPT, "add_special_tokens": PROMPT, "truncate_prompt_tokens": PROMPT, "truncation_side": PROMPT,
+    "max_tokens": OUTPUT, "n": OUTPUT, "min_tokens": OUTPUT,
+    "use_beam_search": REJECT, "suffix": REJECT, "prompt_embeds": REJECT,
+    "logprobs": NONE,
+}
+
+FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS}
+
+REJECT_REASONS = {
+    "use_beam_search": "beam search runs a variable number of engine sequences whose tokens usage does not "
+                       "report, so no exact reservation exists; use n (parallel sampling) instead",
+    "chat_template": "a per-request chat template renders a prompt the gateway cannot count; the server's "
+                     "template is used when the field is left out",
+    "suffix": "fill-in-the-middle prompts are not rendered by the Qwen text models the gateway counts",
+    "prompt_embeds": "prompt embeddings carry no tokens the gateway can count; send text or token ids",
+}
+_DEFAULTS = {"use_beam_search": (None, False), "chat_template": (None,), "suffix": (None,),
+             "prompt_embeds": (None,)}
+
+# chat_template_kwargs keys whose effect the count reproduces (the Qwen templates read enable_thinking, the
+# package's reuse template also preserve_thinking; the rest are vLLM's own render arguments). Any other key
+# may reach transformers' apply_chat_template or the template itself and is refused.
+TEMPLATE_KWARGS = frozenset({"enable_thinking", "preserve_thinking", "add_generation_prompt",
+                             "continue_final_message", "documents", "reasoning_effort"})
+
+
+def rejected_field(body: dict, kind: str) -> tuple[str, str] | None:
+    """(field, reason) of the first REJECT field the body sets to a non-default value, else None."""
+    for name, handling in FIELDS[kind].items():
+        if handling == REJECT and name in body and body[name] not in _DEFAULTS.get(name, (None,)):
+            return name, REJECT_REASONS[name]
+    return None
+
+
+def unknown_fields(body: dict, kind: str, engine_fields: frozenset | None) -> list[str]:
+    """Fields the body sets that the installed vLLM reads but this table does not classify."""
+    if not engine_fields:
+        return []
+    table = FIELDS[kind]
+    return sorted(k for k in body if k in engine_fields and k not in table)
