@@ -29,6 +29,7 @@ class RequestRecord:
     prompt_tokens_target: int = 0
     prompt_tokens_calc: int = 0  # the calculator's count of the prompt actually sent
     max_tokens: int = 0
+    n: int = 1  # parallel samples (TokenStorm --field-mix)
     scheduled_at: float = 0.0  # seconds from the run start
     sent_at: float | None = None
     headers_at: float | None = None
@@ -241,8 +242,8 @@ def _int_header(h: dict, name: str) -> int | None:
 
 
 def request_cost(r: RequestRecord) -> int:
-    """What the gateway reserves against the token limit: prompt + max_tokens (n = 1)."""
-    return r.prompt_tokens_calc + r.max_tokens
+    """What the gateway reserves against the token limit: the prompt once + max_tokens per sample."""
+    return r.prompt_tokens_calc + r.n * r.max_tokens
 
 
 def _is_limit_denial(r: RequestRecord) -> bool:

@@ -1,4 +1,5 @@
-"""Seeded request bodies over every field that changes the prompt or the reservation (chat and completions).
+"""Seeded request bodies over every field that changes the prompt or the reservation (chat, completions and
+Anthropic messages).
 
 Used by the gateway's field-coverage test and by TokenStorm's ``--field-mix`` workload: each body sets a random
 subset of the fields :mod:`qwen_vllm_ext.gateway.request_fields` classifies as prompt, output, scope or reject,
@@ -93,6 +94,46 @@ def completion_body(rng: random.Random, model: str) -> dict:
     return body
 
 
+ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "Weather of a city",
+                    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+_ANTHROPIC_CONVERSATIONS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]}],
+    [{"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": [{"type": "thinking", "thinking": "Two and two.", "signature": "s"},
+                                       {"type": "text", "text": "4"}]},
+     {"role": "user", "content": "And 3+3?"}],
+    [{"role": "user", "content": "Weather in Paris?"},
+     {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                        "input": {"city": "Paris"}}]},
+     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}],
+    [{"role": "user", "content": "写一首关于春天的短诗。"}],
+]
+
+
+def messages_body(rng: random.Random, model: str) -> dict:
+    """An Anthropic ``/v1/messages`` body (``max_tokens`` and ``model`` are required there)."""
+    body: dict = {"model": model, "max_tokens": rng.randint(1, 4),
+                  "messages": [dict(m) for m in rng.choice(_ANTHROPIC_CONVERSATIONS)]}
+    if _maybe(rng, 0.4):
+        body["system"] = rng.choice(["You are terse.", [{"type": "text", "text": "Be brief."},
+                                                        {"type": "text", "text": "Answer in English."}]])
+    if _maybe(rng, 0.3):
+        body["tools"] = ANTHROPIC_TOOLS
+        if _maybe(rng, 0.3):
+            body["tool_choice"] = {"type": "none"}
+    if _maybe(rng, 0.3):
+        body["thinking"] = rng.choice([{"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024},
+                                       {"type": "adaptive"}])
+    if _maybe(rng, 0.2):
+        body["output_config"] = {"effort": rng.choice(["low", "medium", "high"])}
+    if _maybe(rng, 0.2):
+        body["chat_template_kwargs"] = rng.choice([{"enable_thinking": False}, {"preserve_thinking": False}])
+    if _maybe(rng, 0.1):
+        body["stop_sequences"] = ["\n\n"]
+    return body
+
+
 def _common(rng: random.Random, body: dict, max_name: str) -> None:
     """Output bounds, parallel samples, truncation and special tokens, shared by both kinds."""
     if _maybe(rng, 0.85):
@@ -112,14 +153,42 @@ def _common(rng: random.Random, body: dict, max_name: str) -> None:
     body["ignore_eos"] = True  # the output length is the reservation's bound, so overshoot would show
 
 
-def bodies(seed: int, count: int, model: str, kinds=("chat", "completion")) -> list[tuple[str, dict]]:
+def storm_extras(rng: random.Random, probability: float) -> tuple[dict, dict, int]:
+    """TokenStorm's ``--field-mix``: with ``probability``, prompt-changing fields for one chat request.
+
+    Returns (fields to add to the request, the matching calculator kwargs, n). The calculator kwargs say what
+    the fields do to the prompt (independently of the gateway's own admission code, so the storm checks it):
+    ``reasoning_effort: "none"`` and ``enable_thinking: false`` add the empty think block, ``tools`` with
+    ``tool_choice: "none"`` render the tool list, ``n`` multiplies the output.
+    """
+    if rng.random() >= probability:
+        return {}, {}, 1
+    fields: dict = {}
+    calc: dict = {}
+    pick = rng.randrange(3)
+    if pick == 0:
+        fields["reasoning_effort"] = rng.choice(["none", "low"])
+        calc["enable_thinking"] = fields["reasoning_effort"] != "none"
+    elif pick == 1:
+        fields["chat_template_kwargs"] = {"enable_thinking": False}
+        calc["enable_thinking"] = False
+    if rng.random() < 0.5:
+        fields["tools"], fields["tool_choice"] = TOOLS, "none"
+        calc["tools"] = TOOLS
+    n = 2 if rng.random() < 0.3 else 1
+    if n > 1:
+        fields["n"] = n
+    return fields, calc, n
+
+
+PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "messages": "/v1/messages"}
+_MAKERS = {"chat": chat_body, "completion": completion_body, "messages": messages_body}
+
+
+def bodies(seed: int, count: int, model: str, kinds=("chat", "completion", "messages")) -> list[tuple[str, dict]]:
     """``count`` (kind, body) pairs, kinds alternating, reproducible from ``seed``."""
     rng = random.Random(seed)
-    out = []
-    for i in range(count):
-        kind = kinds[i % len(kinds)]
-        out.append((kind, chat_body(rng, model) if kind == "chat" else completion_body(rng, model)))
-    return out
+    return [(kinds[i % len(kinds)], _MAKERS[kinds[i % len(kinds)]](rng, model)) for i in range(count)]
 
 
 def fields_set(body: dict, table: dict) -> set[str]:

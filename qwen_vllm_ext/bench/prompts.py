@@ -44,8 +44,9 @@ class PromptFactory:
     def count(self, text: str) -> int:
         return self.calc.count_tokens(text)
 
-    def count_chat(self, messages: list) -> int:
-        return self.calc.count_chat(messages, template=self.template)
+    def count_chat(self, messages: list, **kwargs) -> int:
+        """Chat prompt tokens; ``kwargs``: calculator chat options (``tools``, ``enable_thinking``, ...)."""
+        return self.calc.count_chat(messages, template=self.template, **kwargs)
 
     def decode(self, ids) -> str:
         table = _id_to_bytes()

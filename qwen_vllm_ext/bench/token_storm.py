@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from ..client import APIConnectionError, APIError, AsyncClient, ClientError, RetryPolicy, SSEProtocolError
 from . import analysis, report as report_mod
 from .analysis import RequestRecord
+from .field_mix import storm_extras
 from .workload import ArrivalSpec, LengthSpec, Session, build_sessions, load_trace
 
 RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-requests",
@@ -50,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--template", default="auto",
                    help="chat template the calculator counts with (qwen3, qwen3-reuse, qwen2.5, qwen3.5); auto: the "
                         "one whose count matches the server's /tokenize on a probe conversation")
+    w.add_argument("--field-mix", type=float, default=0.0,
+                   help="chat: fraction of requests that also set prompt-changing fields (reasoning_effort, "
+                        "chat_template_kwargs.enable_thinking, tools with tool_choice none) and n=2 "
+                        "(qwen_vllm_ext.bench.field_mix.storm_extras); counts and costs account for them")
     w.add_argument("--seed", type=int, default=0)
     a = p.add_argument_group("arrivals and bounds")
     a.add_argument("--rate", type=float, default=1.0, help="sessions per second (open loop)")
@@ -172,6 +178,7 @@ class Storm:
                                   retry=RetryPolicy(max_retries=args.retries))
         # first turns are prepared before the clock starts (prompt cutting costs CPU)
         self.first_prompts = [self._first_prompt(s) for s in sessions]
+        self.field_rng = random.Random(args.seed + 18)
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -195,8 +202,9 @@ class Storm:
                     history = list(self.first_prompts[s.index])
                 else:
                     history.append({"role": "user", "content": self.prompts.text(turn.prompt_tokens)})
-                rec.prompt_tokens_calc = self.prompts.count_chat(history)
-                reply = await self.send(rec, {"messages": history})
+                extra, calc_kwargs, rec.n = storm_extras(self.field_rng, self.args.field_mix)
+                rec.prompt_tokens_calc = self.prompts.count_chat(history, **calc_kwargs)
+                reply = await self.send(rec, {"messages": history, **extra})
                 if reply is None:
                     return
                 history.append({"role": "assistant", "content": reply})

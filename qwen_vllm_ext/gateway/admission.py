@@ -18,18 +18,16 @@ from qwen_v3_calculator.hygiene import sanitize
 
 from .request_fields import TEMPLATE_KWARGS, rejected_field, unknown_fields
 
-GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/messages": "messages"}
 # POST routes that generate nothing and may pass an authenticated key unmetered; every other POST (vLLM's
 # /v1/responses, /v1/messages, /invocations, /inference/v1/generate, ...) is refused while the gateway is on,
 # so no generation escapes metering.
-UNMETERED_POST = ("/tokenize", "/detokenize", "/v1/tokens/count")
+UNMETERED_POST = ("/tokenize", "/detokenize", "/v1/tokens/count", "/v1/messages/count_tokens")
 # Generating routes the gateway refuses, and why: each would need its own exact count (README, "Routes").
 REFUSED_ROUTES = {
     "/v1/responses": "the Responses API renders stored conversation state (previous_response_id), built-in "
                      "tools and instructions into the prompt on the server, which the gateway cannot count "
                      "before the engine; use /v1/chat/completions",
-    "/v1/messages": "the Anthropic Messages API is converted to a chat request inside vLLM with server-side "
-                    "probes the gateway does not yet reproduce; use /v1/chat/completions",
     "/invocations": "SageMaker invocations dispatch to any task by body shape; call the OpenAI route directly",
     "/inference/v1/generate": "token-in/token-out generation bypasses the chat and completion request models "
                               "the gateway counts; use /v1/completions with token ids",
@@ -278,6 +276,25 @@ def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", 
                          for p in prompts)  # an upper bound of what the engine can generate
     return Admission(body=body, body_changed=changed, prompt_tokens=sum(prompts), completion_tokens=completion,
                      cost=sum(prompts) + completion, sanitized_chars=removed, model=model)
+
+
+def admit_messages(body: dict, chat_body: dict, key, served: Served, over_cap: str = "reject") -> Admission:
+    """An Anthropic ``/v1/messages`` request, counted as the chat request ``chat_body`` that vLLM converts it to
+    (:func:`qwen_vllm_ext.gateway.anthropic.to_chat_body`). The body forwarded to vLLM stays the Anthropic one;
+    a max_tokens lowered to the key's cap is written back into it. Text is not sanitized here: the count must
+    be of the text the engine will see."""
+    check_fields(body, "messages", served)
+    try:
+        admission = admit(chat_body, "chat", key, served, over_cap=over_cap, clean=False)
+    except Rejection as rej:  # name the Anthropic field, not the chat field it was converted to
+        if rej.param == "max_completion_tokens":
+            rej.param, rej.message = "max_tokens", rej.message.replace("'max_completion_tokens'", "'max_tokens'")
+        raise
+    capped = chat_body.get("max_completion_tokens")
+    changed = capped is not None and capped != body.get("max_tokens")
+    if changed:
+        body = dict(body, max_tokens=capped)
+    return dataclasses.replace(admission, body=body, body_changed=changed)
 
 
 def strip_hint(body: dict, hint_key: str) -> bool:

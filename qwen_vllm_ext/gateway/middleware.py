@@ -21,8 +21,9 @@ import time
 
 from ..errors import error_body
 from ..usage.middleware import to_micro
-from .admission import (GENERATION_PATHS, UNMETERED_POST, Rejection, admit, check_model_scope, duration, parse_body,
-                        refusal_reason, strip_hint)
+from . import anthropic
+from .admission import (GENERATION_PATHS, UNMETERED_POST, Rejection, admit, admit_messages, check_model_scope,
+                        duration, parse_body, refusal_reason, strip_hint)
 
 logger = logging.getLogger("qwen_vllm_ext.gateway")
 
@@ -142,12 +143,16 @@ class GatewayMiddleware:
             return await self.app(scope, _replay(raw, receive), send)
         try:
             raw = await self._read_body(receive)
-            args = (kind, key, served)
-            if len(raw) <= INLINE_BODY_BYTES:  # microseconds: a thread hop would cost more under load
-                admission = admit(parse_body(raw), *args, over_cap=self.settings.max_tokens_over_cap)
-            else:  # exact counting of up to max_body_bytes (~1 s for 8 MB): off the event loop
-                admission = await asyncio.to_thread(lambda: admit(parse_body(raw), *args,
-                                                                  over_cap=self.settings.max_tokens_over_cap))
+            inline = len(raw) <= INLINE_BODY_BYTES  # microseconds: a thread hop would cost more under load
+            # exact counting of up to max_body_bytes (~1 s for 8 MB) runs off the event loop
+            parsed = parse_body(raw) if inline else await asyncio.to_thread(parse_body, raw)
+            over_cap = self.settings.max_tokens_over_cap
+            if kind == "messages":  # counted as the chat request vLLM converts it to
+                chat_body = await anthropic.to_chat_body(parsed, scope["app"].state)
+                run = lambda: admit_messages(parsed, chat_body, key, served, over_cap=over_cap)  # noqa: E731
+            else:
+                run = lambda: admit(parsed, kind, key, served, over_cap=over_cap)  # noqa: E731
+            admission = run() if inline else await asyncio.to_thread(run)
             if strip_hint(admission.body, self.settings.sched_output_hint_key):
                 admission.body_changed = True
             held = await self._reserve(key, admission)

@@ -58,7 +58,21 @@ COMPLETION_FIELDS: dict[str, str] = {
     "logprobs": NONE,
 }
 
-FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS}
+# /v1/messages (Anthropic): admission counts the chat request vLLM's own converter
+# (AnthropicServingMessages.to_chat_completion_request) makes of the body, so every field the converter maps is
+# counted through CHAT_FIELDS; this table says which Anthropic fields reach the prompt or the output bound.
+MESSAGES_FIELDS: dict[str, str] = {
+    "model": SCOPE,
+    "messages": PROMPT, "system": PROMPT, "tools": PROMPT, "tool_choice": PROMPT, "thinking": PROMPT,
+    "output_config": PROMPT,  # effort -> reasoning_effort (the prompt); format -> response_format (none)
+    "chat_template_kwargs": PROMPT,
+    "max_tokens": OUTPUT,
+    **dict.fromkeys(("metadata", "stop_sequences", "stream", "temperature", "top_k", "top_p", "mm_payload",
+                     "return_mm_kwargs", "cache_salt", "watermarking", "kv_transfer_params", "ec_transfer_params",
+                     "vllm_xargs"), NONE),
+}
+
+FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "messages": MESSAGES_FIELDS}
 
 REJECT_REASONS = {
     "use_beam_search": "beam search runs a variable number of engine sequences whose tokens usage does not "

@@ -42,8 +42,10 @@ def engine_request_fields() -> dict[str, frozenset]:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
+    from .anthropic import request_fields as messages_fields
+
     return {"chat": frozenset(ChatCompletionRequest.model_fields),
-            "completion": frozenset(CompletionRequest.model_fields)}
+            "completion": frozenset(CompletionRequest.model_fields), "messages": messages_fields()}
 
 
 def init_state(engine_client, state, args) -> None:

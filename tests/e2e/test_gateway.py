@@ -145,9 +145,21 @@ def test_no_generation_escapes_metering_and_no_secret_leaks(gw):
     key = make_key(data, "--name", "escape", "--max-tokens-cap", "7")
     client = httpx.Client(base_url=server.base_url, timeout=120)
     auth = {"Authorization": f"Bearer {key['secret']}"}
-    for path in ("/v1/responses", "/v1/messages", "/invocations", "/inference/v1/generate"):
+    for path in ("/v1/responses", "/invocations", "/inference/v1/generate"):
         r = client.post(path, headers=auth, json={"model": SERVED_NAME, "input": "hi"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "endpoint_not_allowed", path
+        assert path in r.json()["error"]["message"]
+    # /v1/messages (Anthropic) is metered like chat: the key's cap, the exact count, the headers
+    r = client.post("/v1/messages", headers=auth, json={"model": SERVED_NAME, "max_tokens": 50, "messages": HI})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    assert r.json()["error"]["code"] == "max_tokens_exceeds_cap"
+    r = client.post("/v1/messages", headers=auth, json={"model": SERVED_NAME, "max_tokens": 5, "messages": HI,
+                                                        "system": "Be brief.", "thinking": {"type": "disabled"}})
+    assert r.status_code == 200 and r.json()["type"] == "message"
+    assert int(r.headers["x-qwen-prompt-tokens"]) == r.json()["usage"]["input_tokens"] + (
+        r.json()["usage"].get("cache_read_input_tokens") or 0)
+    bad = client.post("/v1/messages", headers=auth, json={"model": SERVED_NAME, "messages": HI})  # no max_tokens
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
     assert client.post("/tokenize", headers=auth, json={"model": SERVED_NAME, "prompt": "hi"}).status_code == 200
     # the key's max_tokens cap is enforced by the engine even when the client sends no max_tokens
     r = client.post("/v1/chat/completions", headers=auth,
@@ -340,13 +352,23 @@ def test_n_samples_are_charged_what_usage_says(gw):
     assert int(probe.headers["x-ratelimit-remaining-tokens"]) == 5000 - 57 - 10  # charged 57, not 57 + 9
 
 
-def run_field_mix(server, data, seed, count, name):
+def usage_counts(kind, response) -> tuple[int, int]:
+    """(prompt tokens the engine computed, total tokens) from an OpenAI or Anthropic response's usage."""
+    usage = response.json()["usage"]
+    if kind != "messages":
+        return usage["prompt_tokens"], usage["total_tokens"]
+    prompt = usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0) + (
+        usage.get("cache_creation_input_tokens") or 0)  # Anthropic's input_tokens excludes the cached part
+    return prompt, prompt + usage["output_tokens"]
+
+
+def run_field_mix(server, seed, count, name):
     """Send the seeded field mix in chunks of one fresh key each; per request, the admission count must equal
-    the engine's prompt_tokens; per chunk, the key's TPM window must hold exactly what usage says was used."""
-    from qwen_vllm_ext.bench.field_mix import bodies
+    the engine's prompt tokens; per chunk, the key's TPM window must hold exactly what usage says was used."""
+    from qwen_vllm_ext.bench.field_mix import PATHS, bodies
     from qwen_vllm_ext.gateway.request_fields import FIELDS
 
-    outcomes, covered = [], {"chat": set(), "completion": set()}
+    outcomes, covered = [], {kind: set() for kind in PATHS}
     mix = bodies(seed, count, SERVED_NAME)
     client = httpx.Client(base_url=server.base_url, timeout=120)
     tpm, chunk = 10**6, 10  # 10 requests per key stay under the test server's spike threshold
@@ -356,16 +378,16 @@ def run_field_mix(server, data, seed, count, name):
         began, used = time.monotonic(), 0
         for kind, body in mix[start:start + chunk]:
             covered[kind] |= {f for f in body if f in FIELDS[kind]}
-            path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
-            r = client.post(path, headers=auth(key["key"]), json=body)
-            outcomes.append((kind, body, r.status_code, r.json()["error"]["code"] if r.status_code != 200 else None))
+            r = client.post(PATHS[kind], headers=auth(key["key"]), json=body)
+            error = r.json().get("error") if r.status_code != 200 else None
+            outcomes.append((kind, body, r.status_code, error.get("code") if error else None))
             if r.status_code == 200:
-                usage = r.json()["usage"]
-                assert int(r.headers["x-qwen-prompt-tokens"]) == usage["prompt_tokens"], (kind, body, usage)
-                assert usage["total_tokens"] <= int(r.headers["x-qwen-reserved-tokens"]), (kind, body, usage)
-                used += usage["total_tokens"]
-            elif r.json()["error"]["code"] == "unsupported_parameter":
-                assert r.status_code == 400 and r.json()["error"]["param"], r.text
+                prompt, total = usage_counts(kind, r)
+                assert int(r.headers["x-qwen-prompt-tokens"]) == prompt, (kind, body, r.json()["usage"])
+                assert total <= int(r.headers["x-qwen-reserved-tokens"]), (kind, body, r.json()["usage"])
+                used += total
+            elif error.get("code") == "unsupported_parameter":
+                assert r.status_code == 400 and error["param"], r.text
         time.sleep(0.3)  # the last reconciliation
         probe = chat(client, key["key"], max_tokens=1)
         assert time.monotonic() - began < 55, "a chunk outlived the 60 s window: the sum below would be wrong"
@@ -385,22 +407,23 @@ def gw_stock(tmp_path_factory):
 @pytest.mark.parametrize("template", ["qwen3-reuse", "qwen3"])
 def test_field_coverage_admission_count_equals_engine_count(request, template):
     """Hundreds of seeded requests over every field that changes the prompt or the reservation, on both
-    templates: admitted -> reserved prompt == engine prompt_tokens, charge == usage; refused -> a named 400."""
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
+    templates and every metered route: admitted -> reserved prompt == engine prompt tokens, charge == usage;
+    refused -> a named 400."""
     from qwen_vllm_ext.gateway.request_fields import NONE, FIELDS
+    from qwen_vllm_ext.gateway.server import engine_request_fields
 
-    server, data = request.getfixturevalue("gw" if template == "qwen3-reuse" else "gw_stock")
+    server, _ = request.getfixturevalue("gw" if template == "qwen3-reuse" else "gw_stock")
     health = httpx.get(server.base_url + "/qwen_ext/health", timeout=30).json()
     assert health["kv_reuse"]["reuse_template"] is (template == "qwen3-reuse")
-    outcomes, covered = run_field_mix(server, data, seed=18 + len(template), count=400, name=f"mix-{template}")
-    for kind, model in (("chat", ChatCompletionRequest), ("completion", CompletionRequest)):
-        assert set(model.model_fields) <= set(FIELDS[kind]), "a vLLM request field the gateway does not classify"
-        wanted = {f for f, handling in FIELDS[kind].items() if handling != NONE and f in model.model_fields}
+    outcomes, covered = run_field_mix(server, seed=18 + len(template), count=450, name=f"mix-{template}")
+    for kind, fields in engine_request_fields().items():  # derived from vLLM's request models themselves
+        assert fields <= set(FIELDS[kind]), f"{kind}: vLLM request fields the gateway does not classify"
+        wanted = {f for f, handling in FIELDS[kind].items() if handling != NONE and f in fields}
         assert wanted <= covered[kind], f"{kind}: fields the mix never sets: {sorted(wanted - covered[kind])}"
-    admitted = [o for o in outcomes if o[2] == 200]
-    refused = [o for o in outcomes if o[3] == "unsupported_parameter"]
-    assert len(admitted) >= 0.6 * len(outcomes) and refused, (len(admitted), len(refused), len(outcomes))
+    for kind in FIELDS:
+        mine = [o for o in outcomes if o[0] == kind]
+        admitted = [o for o in mine if o[2] == 200]
+        assert len(admitted) >= 0.6 * len(mine), (kind, len(admitted), len(mine))
+    assert any(o[3] == "unsupported_parameter" for o in outcomes)
     other = [o for o in outcomes if o[2] != 200 and o[3] != "unsupported_parameter"]
     assert all(o[2] == 400 for o in other), other  # vLLM's own 400s (e.g. tool_choice auto without a parser)

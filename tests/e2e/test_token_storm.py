@@ -130,8 +130,10 @@ def test_token_storm_open_loop_under_a_tpm_limit_is_clean(storm_gw, tmp_path):
     key = make_key(data, "--name", "storm-open", "--tpm", "6000", "--rpm", "1000")["secret"]
     rep, out = run_storm(server, data, key, tmp_path, "--distribution", "long_tail", "--input-len", "150",
                          "--tail-max", "1500", "--output-len", "24", "--rate", "20", "--num-requests", "60",
-                         "--duration", "30", "--seed", "7")
+                         "--duration", "30", "--seed", "7", "--field-mix", "0.6")
     acc, hh = rep["accounting"], rep["header_honesty"]
+    # the workload carries prompt-changing fields and n=2 (issue 18): counts and costs still agree
+    assert {r["n"] for r in rep["records"]} == {1, 2}
     assert acc["ledger_checked"] and acc["mismatches"] == [], acc["mismatches"]
     assert hh["violations"] == [] and hh["denials_checked"] > 0, out
     assert hh["overshoot"]["overshoot_tokens"] == 0 and hh["overshoot"]["limit_tokens"] == 6000

@@ -31,3 +31,27 @@ def test_the_prompt_fields_are_the_ones_vllm_renders_or_tokenizes_with():
                  "chat_template_kwargs", "truncate_prompt_tokens", "truncation_side", "add_special_tokens"):
         assert f"self.{name}" in chat_src, name
         assert FIELDS["chat"][name] == PROMPT, name
+
+
+def test_every_anthropic_messages_field_is_classified():
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+
+    missing = sorted(set(AnthropicMessagesRequest.model_fields) - set(FIELDS["messages"]))
+    assert not missing, f"AnthropicMessagesRequest fields the gateway does not classify: {missing}"
+    assert server.engine_request_fields()["messages"] == frozenset(AnthropicMessagesRequest.model_fields)
+
+
+def test_the_anthropic_glue_targets_exist():
+    """The gateway converts /v1/messages with vLLM's own converter and the serving object's probes."""
+    import importlib
+
+    from qwen_vllm_ext.gateway import anthropic
+
+    for target in anthropic.TARGETS:
+        module, cls, attr = target.rsplit(".", 2)
+        owner = getattr(importlib.import_module(module), cls)
+        if attr.startswith("_merge"):  # an instance attribute set in __init__
+            import inspect
+            assert f"self.{attr} =" in inspect.getsource(owner.__init__), target
+        else:
+            assert callable(getattr(owner, attr)), target

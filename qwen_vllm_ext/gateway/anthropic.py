@@ -1,0 +1,50 @@
+"""Glue (the gateway's only touch of vLLM's Anthropic endpoint): a ``/v1/messages`` body as the chat request vLLM
+itself converts it to, so admission counts exactly what the engine will render.
+
+vLLM 0.32 serves ``/v1/messages`` by converting the Anthropic request with
+``AnthropicServingMessages.to_chat_completion_request`` and running the chat path on the result. The conversion
+depends on two things the serving object decided at startup: whether inline system messages are merged into the
+leading one (``_merge_inline_system``, probed from the chat template) and which ``reasoning_effort``
+``thinking: {"type": "disabled"}`` maps to (``_get_disabled_thinking_effort``, probed once by rendering). Both are
+read from the live serving object on ``app.state``, so the gateway converts exactly as vLLM does.
+"""
+from __future__ import annotations
+
+from .admission import Rejection
+
+SERVING_STATE = "anthropic_serving_messages"  # app.state attribute vLLM's api_router reads
+TARGETS = ("vllm.entrypoints.anthropic.serving.AnthropicServingMessages.to_chat_completion_request",
+           "vllm.entrypoints.anthropic.serving.AnthropicServingMessages._get_disabled_thinking_effort",
+           "vllm.entrypoints.anthropic.serving.AnthropicServingMessages._merge_inline_system")
+
+
+def request_fields() -> frozenset:
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+
+    return frozenset(AnthropicMessagesRequest.model_fields)
+
+
+async def to_chat_body(body: dict, app_state) -> dict:
+    """The chat request body vLLM will run for this Anthropic Messages body (a 400 when vLLM would refuse it)."""
+    from pydantic import ValidationError
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+
+    serving = getattr(app_state, SERVING_STATE, None)
+    if serving is None:
+        raise Rejection(404, "endpoint_not_found", "/v1/messages is not served by this model")
+    try:
+        request = AnthropicMessagesRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or None
+        raise Rejection(400, "invalid_request_error", f"invalid Messages request: {where}: {first.get('msg')}",
+                        param=where) from None
+    effort = "none"
+    if request.thinking is not None and request.thinking.type == "disabled":
+        effort = await serving._get_disabled_thinking_effort()
+    try:
+        chat = serving.to_chat_completion_request(request, merge_inline_system=serving._merge_inline_system,
+                                                  disabled_thinking_effort=effort)
+    except (ValueError, TypeError) as exc:
+        raise Rejection(400, "invalid_request_error", f"invalid Messages request: {exc}") from None
+    return chat.model_dump(mode="json", exclude_unset=True)
