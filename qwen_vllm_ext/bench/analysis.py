@@ -47,7 +47,8 @@ class RequestRecord:
     chunk_tokens: list = dataclasses.field(default_factory=list)  # token ids carried by each choice chunk
     token_ids_counted: bool = False  # True: streamed_tokens / chunk_tokens are token ids, not chunk counts
     final_usage: dict | None = None
-    streamed_tokens: int = 0  # token ids (or token-carrying chunks) received
+    streamed_tokens: int = 0  # token ids (or token-carrying chunks) received, every choice
+    first_choice_tokens: int = 0  # the same for choice 0 (what per-chunk usage counts when n > 1)
     cached_tokens: int | None = None
     rate_headers: dict = dataclasses.field(default_factory=dict)  # x-ratelimit-*, retry-after
 
@@ -217,8 +218,11 @@ def accounting_findings(r: RequestRecord, ledger_record: dict | None = None, che
                 bad("chunk_usage_delta", r.chunk_tokens[i], cc - (prev[1] if prev else 0),
                     f"chunk {i}: token ids received vs increase of completion_tokens")
             prev = (cp, cc, ct)
-        if prev is not None and prev != (p, c, t):
-            bad("last_chunk_usage", (p, c, t), prev, "last choice chunk vs final usage")
+        # n > 1: a chunk's usage counts its own choice's tokens; the final usage sums every choice
+        last = (p, c, t) if r.n == 1 else (p, r.first_choice_tokens, p + r.first_choice_tokens)
+        if prev is not None and prev != last:
+            bad("last_chunk_usage", last, prev, "last choice chunk vs final usage" if r.n == 1 else
+                "last chunk of choice 0 vs its tokens")
     if check_ledger:
         if ledger_record is None:
             bad("ledger_missing", r.request_id, None, "no ledger record for the response's x-request-id")

@@ -236,25 +236,30 @@ class Storm:
                 if chunk.is_usage_only:
                     rec.final_usage = chunk.usage
                     continue
-                if not chunk.choices:
-                    continue
-                ids = chunk.token_ids()
-                piece = chunk.text
-                n = len(ids) if ids is not None else (1 if (piece or chunk.reasoning()) else 0)
-                if chunk.usage is not None:
-                    u = chunk.usage
-                    rec.chunk_usages.append((int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
-                                             int(u.get("total_tokens") or 0)))
-                    rec.chunk_tokens.append(n)
-                else:
-                    rec.chunks_without_usage += 1
-                if n:
-                    rec.streamed_tokens += n
-                    rec.token_times.append(t)
-                    if rec.first_token_at is None:
-                        rec.first_token_at = t
-                if piece:
-                    text.append(piece)
+                for choice in chunk.choices:
+                    # with n > 1 each chunk carries one choice, and vLLM's per-chunk usage counts that choice's
+                    # tokens; the per-chunk checks follow choice 0, the totals every choice
+                    index = choice.get("index", 0)
+                    ids = chunk.token_ids(index)
+                    piece = chunk.content(index)
+                    n = len(ids) if ids is not None else (1 if (piece or chunk.reasoning(index)) else 0)
+                    if index == 0:
+                        if chunk.usage is not None:
+                            u = chunk.usage
+                            rec.chunk_usages.append((int(u.get("prompt_tokens") or 0),
+                                                     int(u.get("completion_tokens") or 0),
+                                                     int(u.get("total_tokens") or 0)))
+                            rec.chunk_tokens.append(n)
+                        else:
+                            rec.chunks_without_usage += 1
+                        rec.first_choice_tokens += n
+                        if piece:
+                            text.append(piece)
+                    if n:
+                        rec.streamed_tokens += n
+                        rec.token_times.append(t)
+                        if rec.first_token_at is None:
+                            rec.first_token_at = t
             rec.end_at = self.now()
             if rec.final_usage is None and rec.chunk_usages:
                 p, c, tot = rec.chunk_usages[-1]
