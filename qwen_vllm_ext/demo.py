@@ -75,7 +75,9 @@ def build_demo_model(output: str | os.PathLike, seed: int = 0, variant: str = "d
     # save_pretrained rewrites config.json in transformers' own layout; pin ours for reproducibility.
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
-    write_tokenizer_files(out, flavor="qwen3")
+    from .assets import chat_template
+
+    write_tokenizer_files(out, flavor="qwen3", chat_template=chat_template("qwen3"))
     return out
 
 

@@ -5,7 +5,7 @@
 files (vocab.json and merges.txt are shared by Qwen2/2.5/3; tokenizer.json is checked against Qwen3's).
 The merge list is not stored: each token's merge is re-derived from the rank order (``derive_merges``).
 
-CLI: ``python -m qwen_v3_calculator.hf_export --flavor qwen3 --output DIR [--chat-template FILE]``.
+CLI: ``python -m qwen_v3_calculator.hf_export --flavor qwen3 --output DIR --chat-template FILE``.
 """
 from __future__ import annotations
 
@@ -124,24 +124,15 @@ def _tokenizer_config(added, chat_template: str) -> dict:
     }
 
 
-def _official_template(flavor: str) -> str:
-    try:
-        from qwen_vllm_ext import assets
-    except ImportError as exc:
-        raise RuntimeError(f"no chat_template given and qwen_vllm_ext (which fetches the official {flavor} "
-                           "template) is not installed; pass chat_template=") from exc
-    return assets.chat_template(flavor)
-
-
-def write_tokenizer_files(out_dir, flavor: str = "qwen3", chat_template: str | None = None) -> list[Path]:
+def write_tokenizer_files(out_dir, flavor: str, chat_template: str) -> list[Path]:
     """Write vocab.json, merges.txt, tokenizer.json, tokenizer_config.json into ``out_dir``.
 
-    ``chat_template`` defaults to the official template of ``flavor`` (via ``qwen_vllm_ext.assets``).
-    Returns the written paths.
+    ``chat_template``: the Jinja text stored in tokenizer_config.json (this package ships no official
+    template; pass the model's own). Returns the written paths.
     """
+    if not isinstance(chat_template, str):
+        raise TypeError("chat_template must be the Jinja template text")
     added = _added_tokens(flavor)
-    if chat_template is None:
-        chat_template = _official_template(flavor)
     ranks = bundled_ranks()
     vocab, merges = vocab_from_ranks(ranks), derive_merges(ranks)
     contents = {
@@ -165,9 +156,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m qwen_v3_calculator.hf_export", description=__doc__.split("\n")[0])
     ap.add_argument("--flavor", choices=sorted(ADDED_TOKENS), default="qwen3")
     ap.add_argument("--output", required=True, help="directory to write the tokenizer files into")
-    ap.add_argument("--chat-template", help="Jinja chat template file (default: the official one)")
+    ap.add_argument("--chat-template", required=True, help="Jinja chat template file (the model's own)")
     args = ap.parse_args(argv)
-    template = Path(args.chat_template).read_text(encoding="utf-8") if args.chat_template else None
+    template = Path(args.chat_template).read_text(encoding="utf-8")
     for path in write_tokenizer_files(args.output, args.flavor, template):
         print(path)
 
