@@ -78,9 +78,10 @@ def test_derive_merges_pure():
     assert hf_export.vocab_from_ranks({b" ": 1, b"\n": 0}) == {"Ċ": 0, "Ġ": 1}
 
 
-def test_default_template_needs_qwen_vllm_ext_or_argument(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "qwen_vllm_ext", None)  # import fails
-    with pytest.raises(RuntimeError, match="chat_template"):
-        hf_export.write_tokenizer_files(tmp_path, "qwen3")
+def test_the_chat_template_is_an_argument_and_the_calculator_needs_no_application(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "qwen_vllm_ext", None)  # any import of the application fails
+    with pytest.raises(TypeError, match="chat_template"):
+        hf_export.write_tokenizer_files(tmp_path, "qwen3", None)
+    hf_export.write_tokenizer_files(tmp_path, "qwen3", TEMPLATE)
     with pytest.raises(ValueError):
         hf_export.write_tokenizer_files(tmp_path, "qwen4", chat_template=TEMPLATE)
