@@ -230,7 +230,7 @@ class Settings:
 
     def public(self) -> dict[str, Any]:
         """Settings safe to show on the (unauthenticated) health route: secrets masked, URL passwords removed."""
-        from .redis_conn import safe_url
+        from .store.redis import safe_url
 
         data = dataclasses.asdict(self)
         for name in SECRET_FIELDS:

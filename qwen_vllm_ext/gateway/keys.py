@@ -48,7 +48,9 @@ import threading
 import time
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from ..redis_conn import connect, safe_url
+from ..store.redis import connect, safe_url
+from ..store import locations
+from ..store.sqlite import Database
 
 log = logging.getLogger(__name__)
 
@@ -385,15 +387,9 @@ class SqliteKeyStore(_BaseKeyStore):
 
     def __init__(self, path: str, server_secret: str | bytes | None = None, busy_timeout_s: float = 30.0):
         self.path = os.path.abspath(path)
-        self._lock = threading.Lock()
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
-                                       check_same_thread=False)
-            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = FULL")
-            self._write(lambda db: [db.execute(s) for s in _SCHEMA.split(";") if s.strip()])
+            self._sql = Database(self.path, synchronous="FULL", busy_timeout_s=busy_timeout_s)
+            self._sql.executescript(_SCHEMA)
         except (sqlite3.Error, OSError) as exc:
             raise KeyStoreUnavailable(f"cannot open the SQLite key store {self.path}: {exc}") from exc
         self._init_secret(server_secret)
@@ -402,20 +398,11 @@ class SqliteKeyStore(_BaseKeyStore):
         return _secret_file(os.path.join(os.path.dirname(self.path), SECRET_FILE))
 
     def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(self._db)
-                self._db.execute("COMMIT")
-                return result
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+        with self._sql.transaction() as db:
+            return fn(db)
 
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+        return self._sql.query(sql, args)
 
     def _insert(self, key: ApiKey, digest: str) -> bool:
         def fn(db: sqlite3.Connection) -> bool:
@@ -459,8 +446,7 @@ class SqliteKeyStore(_BaseKeyStore):
         return int(self._query("SELECT version FROM api_keys_version WHERE id = 0")[0][0])
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._sql.close()
 
 
 class RedisKeyStore(_BaseKeyStore):
@@ -549,12 +535,14 @@ def open_key_store(backend: str | None = None, location: str | None = None,
     if settings is None:
         from qwen_vllm_ext.config import Settings
         settings = Settings.current()
-    backend = backend or getattr(settings, "ledger_backend", "sqlite")
+    backend = backend or settings.ledger_backend
+    where = locations.ledger(settings, backend, db=location if backend == "sqlite" else None,
+                             redis_url=location if backend == "redis" else None)
     secret = getattr(settings, "gateway_secret", "") or None
-    if backend == "sqlite":
-        return SqliteKeyStore(location or os.path.join(settings.data_dir, "ledger.sqlite3"), secret)
-    if backend == "redis":
-        url = location or getattr(settings, "ledger_redis_url", "")
+    if where.backend == "sqlite":
+        return SqliteKeyStore(where.target, secret)
+    if where.backend == "redis":
+        url = where.target
         if not url:
             raise KeyStoreUnavailable("the Redis key store needs a URL (setting ledger_redis_url or --redis-url)")
         return RedisKeyStore(url, secret)

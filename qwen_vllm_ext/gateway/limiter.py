@@ -62,7 +62,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from ..redis_conn import connect, safe_url
+from ..store.redis import connect, safe_url
+from ..store.sqlite import Database, is_busy
 
 US = 1_000_000
 _SLACK_MS = 60_000   # extra real-time TTL on Redis keys (keys then vanish on their own); semantics never use TTLs
@@ -427,71 +428,49 @@ class SqliteLimiter(_LocalLimiter):
     """The embedded limiter: one SQLite file; every process (and thread, if it likes) opens its own."""
 
     def __init__(self, path: str, clock: Clock = time.time, busy_timeout_s: float = 30.0):
-        self.path, self._clock, self._busy = os.path.abspath(path), clock, busy_timeout_s
-        self._lock, self._ops, self._maintain = threading.Lock(), 0, True
+        self.path, self._clock = os.path.abspath(path), clock
+        self._ops, self._maintain = 0, True
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self._connect()
+            self._sql = Database(self.path, synchronous="NORMAL", busy_timeout_s=busy_timeout_s)
             with self._txn():
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
-                        self._db.execute(stmt)
-                if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'rl_sum'").fetchone():
+                        self._x(stmt)
+                if not self._x("SELECT 1 FROM sqlite_master WHERE name = 'rl_sum'").fetchone():
                     # a file from before the running sums: build them once from the log
-                    self._db.execute(_SUM_TABLE)
-                    self._db.execute("INSERT INTO rl_sum (d, total) SELECT d, SUM(cost) FROM rl_log GROUP BY d")
+                    self._x(_SUM_TABLE)
+                    self._x("INSERT INTO rl_sum (d, total) SELECT d, SUM(cost) FROM rl_log GROUP BY d")
         except (sqlite3.Error, OSError) as exc:
             raise LimiterUnavailable(f"cannot open the SQLite limiter {self.path}: {exc}") from exc
-
-    def _connect(self) -> None:
-        # isolation_level=None: we issue BEGIN IMMEDIATE / COMMIT ourselves.
-        self._db = sqlite3.connect(self.path, timeout=self._busy, isolation_level=None, check_same_thread=False)
-        self._db.execute(f"PRAGMA busy_timeout = {int(self._busy * 1000)}")
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        if not self._maintain:
-            self._db.execute("PRAGMA busy_timeout = 0")
-            self._db.execute("PRAGMA wal_autocheckpoint = 0")
-        self._pid = os.getpid()
 
     def nonblocking(self) -> "SqliteLimiter":
         """A second connection to the same file for calls made on an event loop: it never waits for SQLite's
         write lock (when another connection holds it, :class:`LimiterBusy` at once: retry with this instance on a
         worker thread) and never checkpoints the WAL (fsyncs) or sweeps expired rows: this instance does both."""
         twin = SqliteLimiter.__new__(SqliteLimiter)
-        twin.path, twin._clock, twin._busy = self.path, self._clock, self._busy
-        twin._lock, twin._ops, twin._maintain = threading.Lock(), 0, False
+        twin.path, twin._clock, twin._ops, twin._maintain = self.path, self._clock, 0, False
         try:
-            twin._connect()
+            twin._sql = self._sql.twin(blocking=False)
         except sqlite3.Error as exc:
             raise LimiterUnavailable(f"cannot open the SQLite limiter {self.path}: {exc}") from exc
         return twin
 
     @contextmanager
     def _txn(self) -> Iterator[int]:
-        with self._lock:
-            try:
-                if self._pid != os.getpid():   # forked: never share a connection with the parent
-                    self._connect()
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    now = _now_us(self._clock)   # read under the write lock: ordered across processes
-                    self._ops += 1
-                    if self._maintain and self._ops % _SWEEP_EVERY == 0:
-                        self._sweep(now)
-                    yield now
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                if getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                    raise LimiterBusy(f"SQLite limiter {self.path}: {exc}") from exc
-                raise LimiterUnavailable(f"SQLite limiter {self.path}: {exc}") from exc
+        try:
+            with self._sql.transaction():
+                now = _now_us(self._clock)   # read under the write lock: ordered across processes
+                self._ops += 1
+                if self._maintain and self._ops % _SWEEP_EVERY == 0:
+                    self._sweep(now)
+                yield now
+        except sqlite3.Error as exc:
+            if is_busy(exc):
+                raise LimiterBusy(f"SQLite limiter {self.path}: {exc}") from exc
+            raise LimiterUnavailable(f"SQLite limiter {self.path}: {exc}") from exc
 
     def _x(self, sql, *args):
-        return self._db.execute(sql, args)
+        return self._sql.conn.execute(sql, args)
 
     def _sweep(self, now):
         self._x("UPDATE rl_sum SET total = total - (SELECT COALESCE(SUM(cost), 0) FROM rl_log "
@@ -568,8 +547,7 @@ class SqliteLimiter(_LocalLimiter):
         self._x("INSERT OR REPLACE INTO rl_quota_res (rid, d, cost, exp) VALUES (?, ?, ?, ?)", rid, d, cost, exp)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._sql.close()
 
 
 # --------------------------------------------------------------------------------------------------- Redis

@@ -7,17 +7,12 @@ import os
 logger = logging.getLogger("qwen_vllm_ext.gateway")
 
 
-def limiter_location(settings) -> str:
-    if settings.limiter_backend == "redis":
-        return settings.limiter_redis_url or settings.ledger_redis_url
-    return os.path.join(settings.data_dir, "limiter.sqlite3")
-
-
 def attach(app, settings) -> None:
     """Add the gateway middleware and admin routes. Raises when a configured store cannot be reached."""
     from prometheus_client import Counter
     from qwen_v3_calculator.billing import get_policy
 
+    from ..store import locations
     from . import admin
     from .keys import KeyCache, open_key_store
     from .limiter import open_limiter
@@ -26,7 +21,8 @@ def attach(app, settings) -> None:
 
     os.makedirs(settings.data_dir, exist_ok=True)
     key_store = open_key_store(settings=settings)
-    limiter = open_limiter(settings.limiter_backend, limiter_location(settings))
+    where = locations.limiter(settings)
+    limiter = open_limiter(where.backend, where.target)
     breaker = SpikeBreaker(settings, limiter, key_store, lambda: app.state.qwen_ledger_store,
                            counter=Counter("qwen_ext_keys_suspended", "API keys suspended by the spike breaker"))
     inline = limiter.nonblocking() if hasattr(limiter, "nonblocking") else None  # SQLite: admission inline

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from qwen_vllm_ext.store import locations
 from qwen_vllm_ext.usage.ledger import (DAILY_FIELDS, MICRO, LedgerUnavailable, REPORT_BY, SqliteLedgerStore,
                                         open_store)
 
@@ -55,10 +56,10 @@ def open_from_args(args: argparse.Namespace):
     from qwen_vllm_ext.config import Settings
 
     settings = Settings.current()
-    backend = args.backend or ("redis" if args.redis_url else getattr(settings, "ledger_backend", "sqlite"))
-    if backend == "redis":
-        return open_store("redis", args.redis_url or getattr(settings, "ledger_redis_url", ""))
-    path = args.db or os.path.join(settings.data_dir, "ledger.sqlite3")
+    where = locations.ledger(settings, args.backend, db=args.db, redis_url=args.redis_url)
+    if where.backend == "redis":
+        return open_store("redis", where.target)
+    path = where.target
     if not os.path.exists(path):                   # reporting must not create an empty ledger
         raise LedgerUnavailable(f"no SQLite ledger at {path} (use --db PATH, or --backend redis)")
     return SqliteLedgerStore(path)
@@ -118,7 +119,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             settings = json.loads(fetch(args.url, "/qwen_ext/health"))["settings"]
             args.backend = settings["ledger_backend"]
             args.redis_url = settings.get("ledger_redis_url") or None
-            args.db = os.path.join(settings["data_dir"], "ledger.sqlite3")
+            args.db = locations.ledger_file(settings["data_dir"])
         store = open_from_args(args)
         result = reconcile(args.url, store)
     except (URLError, OSError, KeyError, ValueError) as exc:

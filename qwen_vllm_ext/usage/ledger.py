@@ -52,7 +52,8 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
-from ..redis_conn import connect
+from ..store.redis import connect
+from ..store.sqlite import Database
 
 log = logging.getLogger(__name__)
 
@@ -318,26 +319,13 @@ class SqliteLedgerStore:
     def __init__(self, path: str, busy_timeout_s: float = 30.0):
         self.path = self.url = os.path.abspath(path)
         self.default_spill_dir = os.path.dirname(self.path)
-        self._lock = threading.Lock()
         try:
-            os.makedirs(self.default_spill_dir, exist_ok=True)
-            # isolation_level=None: we issue BEGIN IMMEDIATE / COMMIT ourselves.
-            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
-                                       check_same_thread=False)
-            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = FULL")
-            with self._lock:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    for stmt in _SCHEMA.split(";"):
-                        if stmt.strip():
-                            self._db.execute(stmt)
-                    _migrate(self._db)
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
+            self._sql = Database(self.path, synchronous="FULL", busy_timeout_s=busy_timeout_s)
+            with self._sql.transaction() as db:
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        db.execute(stmt)
+                _migrate(db)
         except (sqlite3.Error, OSError) as exc:
             raise LedgerUnavailable(f"cannot open the SQLite ledger {self.path}: {exc}") from exc
 
@@ -348,26 +336,17 @@ class SqliteLedgerStore:
         for r in records:
             r.validate()
         out: list[bool] = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for r in records:
-                    new = self._db.execute(_INSERT, [getattr(r, c) for c in _COLUMNS]).rowcount == 1
-                    if new:
-                        self._db.execute(_UPSERT_DAILY, (r.api_key_id or "", r.day, r.model, r.prompt_tokens,
-                                                         r.cached_tokens, r.completion_tokens,
-                                                         r.billed_total_micro))
-                    out.append(new)
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+        with self._sql.transaction() as db:
+            for r in records:
+                new = db.execute(_INSERT, [getattr(r, c) for c in _COLUMNS]).rowcount == 1
+                if new:
+                    db.execute(_UPSERT_DAILY, (r.api_key_id or "", r.day, r.model, r.prompt_tokens,
+                                               r.cached_tokens, r.completion_tokens, r.billed_total_micro))
+                out.append(new)
         return out
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
-        with self._lock:
-            return self._db.execute(sql, tuple(args)).fetchall()
+        return self._sql.query(sql, args)
 
     @staticmethod
     def _where(since: float | None, until: float | None, instance_id: str | None) -> tuple[str, list]:
@@ -418,8 +397,7 @@ class SqliteLedgerStore:
         return {f: int(v or 0) for f, v in zip(DAILY_FIELDS, rows[0])}
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._sql.close()
 
 
 # ------------------------------------------------------------------------------------------------ Redis

@@ -32,25 +32,22 @@ def instance_id() -> str:
     return f"{socket.gethostname()}-{os.path.basename(str(status.instance_dir()))}"
 
 
-def ledger_location(settings) -> str:
-    if settings.ledger_backend == "redis":
-        return settings.ledger_redis_url
-    return os.path.join(settings.data_dir, "ledger.sqlite3")
-
-
 def attach(app, settings) -> None:
     """Add the ledger middleware (API-server process). Raises when the configured store is unreachable."""
     if not settings.ledger:
         return
     from qwen_v3_calculator.billing import get_policy
 
+    from ..store import locations
+    from ..store.redis import safe_url
     from .access_log import AccessLog, StratifiedSampler
     from .ledger import LedgerWriter, open_store
     from .metrics import metrics, observe_record
     from .middleware import UsageLedgerMiddleware
 
     os.makedirs(settings.data_dir, exist_ok=True)
-    store = open_store(settings.ledger_backend, ledger_location(settings))
+    where = locations.ledger(settings)
+    store = open_store(where.backend, where.target)
     writer = LedgerWriter(store, spill_dir=settings.data_dir)
     writer.replay_spill()
     atexit.register(writer.close)
@@ -72,4 +69,4 @@ def attach(app, settings) -> None:
                        instance_id=instance_id(), on_record=on_record,
                        on_commit=metrics()["write"].observe)
     app.state.qwen_ledger_store = store
-    logger.info("qwen-vllm-ext: usage ledger on %s (%s)", settings.ledger_backend, ledger_location(settings))
+    logger.info("qwen-vllm-ext: usage ledger on %s (%s)", where.backend, safe_url(where.target))

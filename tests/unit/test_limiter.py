@@ -551,7 +551,7 @@ def test_sqlite_nonblocking_twin_never_waits_and_shares_state(tmp_path, clock):
     holder.execute("ROLLBACK")
     holder.close()
     assert fast.reserve([("k", 10, 60, 3)]).allowed and not lim.reserve([("k", 10, 60, 1)]).allowed
-    assert fast._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
-    assert lim._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] > 0
+    assert fast._sql.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    assert lim._sql.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] > 0
     fast.close()
     lim.close()
