@@ -22,7 +22,7 @@ from ._vllm import VLLMMissing, require_vllm
 from .config import Settings, SettingsError
 from .hardware import detect_gpus
 from .profiles import ProfileError, check_hardware, profile_names, select_profile, all_profiles
-from .plugin import PLUGIN_NAME
+from .integration.plugin import PLUGIN_NAME
 
 VLLM_PLUGIN_GROUPS = (
     "vllm.general_plugins",
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             need = f"{', '.join(p.gpu_names)} >= {p.min_gpu_memory_gib:g} GiB" if p.device == "cuda" else "no GPU"
             print(f"{p.name:12} {need:32} {p.description}")
         return 0
-    from .plugin import PatchGuardError  # strict_patches: raised while vLLM loads the general plugin in resolve()
+    from .integration.plugin import PatchGuardError  # strict_patches: raised while vLLM loads the general plugin in resolve()
 
     try:
         require_vllm()

@@ -9,22 +9,6 @@ import socket
 logger = logging.getLogger("qwen_vllm_ext.usage")
 
 
-def runtime_patches():
-    """Runtime patches of the usage capability for the general plugin (with their guarded vLLM targets).
-
-    Both patch the OpenAI front end (the output processor and the serving classes live in API-server processes).
-    """
-    from ..patches.fingerprints import RuntimePatch
-    from . import engine_hooks, stream_usage
-
-    return [
-        RuntimePatch("usage_accounting", lambda s: s.ledger and engine_hooks.install(s), {"api_server"},
-                     engine_hooks.PATCH_TARGETS, "ledger"),
-        RuntimePatch("per_chunk_usage", stream_usage.install, {"api_server"}, stream_usage.PATCH_TARGETS,
-                     "per_chunk_usage"),
-    ]
-
-
 def instance_id() -> str:
     """One id per server (shared by its API-server processes): host + the server's instance directory."""
     from .. import status

@@ -19,7 +19,7 @@ import pytest
 
 from qwen_vllm_ext import plugin
 from qwen_vllm_ext.demo import SERVED_NAME, ensure_demo_model
-from qwen_vllm_ext.patches import core
+from qwen_vllm_ext.sourcepatch import core
 from qwen_vllm_ext.bench.server import ServeProcess
 from qwen_vllm_ext.usage.ledger import open_store
 

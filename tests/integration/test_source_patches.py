@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from qwen_vllm_ext import plugin
-from qwen_vllm_ext.patches import core
-from qwen_vllm_ext.patches.fingerprints import check_patch
+from qwen_vllm_ext.sourcepatch import core
+from qwen_vllm_ext.integration.guard import check_patch
 
 INSTALLED = core.find_vllm()
 VERSION = core.vllm_version(INSTALLED)

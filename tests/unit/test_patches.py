@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen_vllm_ext.patches import __main__ as cli
-from qwen_vllm_ext.patches import core
-from qwen_vllm_ext.patches.applier import PatchError, apply_file, parse
-from qwen_vllm_ext.patches.fingerprints import (SOURCE_MARK, TargetError, check_patch, fingerprint_source,
+from qwen_vllm_ext.sourcepatch import __main__ as cli
+from qwen_vllm_ext.sourcepatch import core
+from qwen_vllm_ext.sourcepatch.applier import PatchError, apply_file, parse
+from qwen_vllm_ext.integration.guard import (SOURCE_MARK, TargetError, check_patch, fingerprint_source,
                                                 fingerprints_for)
 
 REPO = Path(__file__).resolve().parents[2]

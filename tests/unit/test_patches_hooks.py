@@ -5,7 +5,7 @@ import pytest
 from qwen_v3_calculator.chat import template_path
 
 from qwen_vllm_ext.config import RESOLVED_ENV
-from qwen_vllm_ext.patches import hooks
+from qwen_vllm_ext.integration import hooks
 
 
 @pytest.fixture

@@ -47,7 +47,8 @@ def patches_dir() -> Path:
     override = os.environ.get(PATCHES_ENV)
     candidates = [Path(override)] if override else []
     here = Path(__file__).resolve().parent
-    candidates += [here / "data", here.parents[1] / "patches"]
+    # installed: the patch files ship as package data (qwen_vllm_ext/patches/data); a checkout: <repo>/patches
+    candidates += [here.parent / "patches" / "data", here.parents[1] / "patches"]
     for path in candidates:
         if path.is_dir() and any(path.glob("vllm-*/*.patch")):
             return path

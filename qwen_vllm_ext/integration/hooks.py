@@ -1,0 +1,106 @@
+"""Functions that the source patches (``patches/vllm-<version>/``) call from inside vLLM's own files.
+
+A source-patched vLLM runs the extension without vLLM's plugin loader (no ``vllm.general_plugins`` /
+``vllm.endpoint_plugins`` entry points): each patch adds one marked, explicit call to a function below at the
+place it changes. The functions run the same glue code as the plugin path (one source of truth), read the same
+settings (``QWEN_VLLM_EXT_*`` environment variables, ``Settings.current()``), and do nothing with
+``enabled=false``. When the plugin is loaded as well, every step is idempotent: nothing happens twice.
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("qwen_vllm_ext.patches")
+
+# name -> active, for the capabilities installed in this process by a source patch
+ACTIVE: dict[str, bool] = {}
+
+
+def _settings():
+    from ..config import Settings
+
+    return Settings.current()
+
+
+def install(name: str) -> bool:
+    """Install capability ``name`` (``usage_accounting``, ``per_chunk_usage``) in this process.
+
+    Called at the end of the patched vLLM module that owns the wrapped code, right after its classes exist.
+    """
+    from .runtime_patches import runtime_patches
+
+    settings = _settings()
+    active = False
+    if settings.enabled:
+        for patch in runtime_patches():
+            if patch.name == name:
+                active = bool(patch.apply(settings))
+                break
+        else:
+            raise LookupError(f"qwen-vllm-ext: the source patch names an unknown capability {name!r}")
+    ACTIVE[name] = active
+    return active
+
+
+def scheduler_cls(scheduler_config):
+    """Scheduler class for ``SchedulerConfig.get_scheduler_cls()`` when ``--scheduler-cls`` is unset:
+    the token-weighted scheduler with ``token_weighted_scheduler=true``, else None (vLLM's default)."""
+    settings = _settings()
+    if not (settings.enabled and settings.token_weighted_scheduler):
+        return None
+    from ..scheduling.vllm_scheduler import TokenWeightedAsyncScheduler, TokenWeightedScheduler
+
+    return TokenWeightedAsyncScheduler if scheduler_config.async_scheduling else TokenWeightedScheduler
+
+
+def server_starting() -> None:
+    """API server start, before the engine is spawned: fix the instance directory every process of this
+    server shares (process records, scheduler statistics for the health route)."""
+    from .. import status
+
+    if _settings().enabled:
+        status.instance_dir()
+
+
+def attach_app(app) -> None:
+    """``build_app``: the extension's routes and middlewares (health, token counting, gateway, ledger),
+    exactly as the endpoint plugin adds them; skipped when the endpoint plugin already did."""
+    if not _settings().enabled or getattr(app.state, "qwen_vllm_ext_attached", False):
+        return
+    from . import plugin
+
+    plugin.register_general(runtime=False)  # the state the health route reports; patches nothing
+    plugin.EndpointPlugin().attach_router(app)
+
+
+async def init_state(engine_client, state, args) -> None:
+    """``init_app_state``: the extension's per-server state, as the endpoint plugin sets it."""
+    if not _settings().enabled or getattr(state, "qwen_vllm_ext_settings", None) is not None:
+        return
+    from . import plugin
+
+    await plugin.EndpointPlugin().init_state(engine_client, state, args)
+
+
+def chat_defaults(args) -> None:
+    """``init_app_state``, before the chat template is loaded: with ``kv_reuse_template`` (default on) and no
+    ``--chat-template``, a Qwen3 hybrid-thinking model gets the package's prefix-stable template and default
+    ``chat_template_kwargs`` — the same choice the launcher makes (``qwen_vllm_ext.kv.reuse.launcher_flags``)."""
+    import json
+
+    from qwen_v3_calculator.chat import template_path
+
+    from ..kv import reuse
+
+    settings = _settings()
+    if not settings.enabled:
+        return
+    given = {name for name in ("chat_template", "default_chat_template_kwargs") if getattr(args, name, None)}
+    flags, note = reuse.launcher_flags(settings.kv_reuse_template, args.model, given,
+                                       template_path(reuse.REUSE_TEMPLATE))
+    for flag, value in zip(flags[::2], flags[1::2]):
+        if flag == "--chat-template":
+            args.chat_template = value
+        elif flag == "--default-chat-template-kwargs":
+            args.default_chat_template_kwargs = json.loads(value)
+    logger.info("qwen-vllm-ext: KV-reuse chat template %s", note)

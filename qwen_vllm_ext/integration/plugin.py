@@ -1,0 +1,169 @@
+"""vLLM entry points of qwen-vllm-ext (the only module vLLM's plugin loader imports).
+
+* ``register_general`` — group ``vllm.general_plugins``: runs in EVERY vLLM process (API server,
+  engine core, workers; children are spawned, so nothing is inherited): checks the vLLM version,
+  applies the runtime patches idempotently, records the process state for the health route.
+* ``EndpointPlugin`` — group ``vllm.endpoint_plugins``: API server only; adds ``GET /qwen_ext/health`` and
+  ``POST /v1/tokens/count`` (the calculator as a service).
+  vLLM loads endpoint plugins only when named in ``VLLM_PLUGINS`` (the launcher sets it).
+"""
+from __future__ import annotations
+
+import logging
+
+from .. import __version__, counting, status
+from .._vllm import require_vllm, unsupported_message, version_supported
+from ..config import Settings
+from .guard import check_patch
+from .runtime_patches import runtime_patches
+
+logger = logging.getLogger("qwen_vllm_ext")
+
+PLUGIN_NAME = "qwen_vllm_ext"
+HEALTH_PATH = "/qwen_ext/health"
+
+
+class PatchGuardError(RuntimeError):
+    """strict_patches=true and a runtime patch does not match the installed vLLM: startup fails."""
+
+
+_state: dict | None = None
+
+
+def patch_decision(settings: Settings, vllm_version: str) -> tuple[bool, str]:
+    """Whether runtime patches may be applied in this process, and why (the version guard)."""
+    if not settings.enabled:
+        return False, "extension disabled by settings (enabled=false)"
+    if version_supported(vllm_version):
+        return True, f"vLLM {vllm_version} is supported"
+    if settings.allow_unsupported_vllm:
+        return True, f"vLLM {vllm_version} is unsupported; patching anyway (allow_unsupported_vllm=true)"
+    return False, unsupported_message(vllm_version)
+
+
+def register_general(runtime: bool = True) -> dict:
+    """Entry point of ``vllm.general_plugins``. Idempotent: vLLM may call it more than once per process.
+
+    Each wanted runtime patch first passes the compatibility guard: a target whose fingerprint does not match
+    the installed vLLM disables that patch with one log line (recorded for the health route), or fails startup
+    with ``strict_patches=true``. Capabilities that vLLM's source already carries (``patches/``) are reported,
+    not patched again. ``runtime=False`` (a source-patched vLLM without the plugin) only records the state.
+    """
+    global _state
+    if _state is not None:
+        return _state
+    settings = Settings.current()
+    vllm_version = require_vllm()
+    allowed, reason = patch_decision(settings, vllm_version)
+    if not allowed:
+        (logger.info if not settings.enabled else logger.warning)("qwen-vllm-ext: %s", reason)
+    applied, source, disabled = [], [], {}
+    if allowed:
+        role = status.process_role()
+        for patch in runtime_patches():
+            if role not in patch.roles or not getattr(settings, patch.setting):
+                continue
+            verdict = check_patch(patch.name, patch.targets, vllm_version)
+            if verdict.status == "source":
+                source.append(patch.name)
+            elif verdict.status == "mismatch":
+                if settings.strict_patches:
+                    raise PatchGuardError(f"qwen-vllm-ext: {verdict.message} (strict_patches=true: refusing to start)")
+                logger.error("qwen-vllm-ext: %s", verdict.message)
+                disabled[patch.name] = verdict.message
+            elif runtime and patch.apply(settings):
+                applied.append(patch.name)
+    _state = {
+        "extension_version": __version__,
+        "vllm_version": vllm_version,
+        "patching": allowed,
+        "patching_reason": reason,
+        "patch_mode": "plugin" if runtime else "source",
+        "patches": applied + source,
+        "source_patches": source,
+        "disabled_patches": disabled,
+    }
+    status.record_process(_state)
+    return _state
+
+
+class EndpointPlugin:
+    """Entry point of ``vllm.endpoint_plugins`` (vLLM instantiates it with no arguments)."""
+
+    name = PLUGIN_NAME
+    required_tasks = None
+
+    def attach_router(self, app) -> None:
+        from fastapi import APIRouter
+
+        router = APIRouter()
+
+        @router.get(HEALTH_PATH)
+        async def qwen_ext_health() -> dict:
+            return health_report()
+
+        app.include_router(router)
+        app.state.qwen_vllm_ext_attached = True  # a source-patched vLLM's build_app hook then adds nothing
+        counting.attach(app)
+        _register_collectors()
+        from . import stack
+
+        stack.attach(app, Settings.current(), ledger="usage_accounting" in register_general()["patches"])
+
+    async def init_state(self, engine_client, state, args) -> None:
+        state.qwen_vllm_ext_settings = Settings.current()
+        counting.init_state(state, args)
+        if engine_client is not None and state.qwen_vllm_ext_settings.gateway:
+            from ..gateway import server as gateway_server
+
+            gateway_server.init_state(engine_client, state, args)
+        from ..kv import server as kv_server
+
+        await kv_server.init_state(engine_client, state, state.qwen_vllm_ext_settings, args)
+
+
+_collectors_registered = False
+
+
+def _register_collectors() -> None:
+    """Metrics that other processes publish (the engine core's scheduler statistics), once per process."""
+    global _collectors_registered
+    if not _collectors_registered:
+        from prometheus_client import REGISTRY
+
+        from ..scheduling.metrics import SchedulerCollector
+
+        REGISTRY.register(SchedulerCollector())
+        _collectors_registered = True
+
+
+def instance_id() -> str:
+    from ..usage.server import instance_id as usage_instance_id
+
+    return usage_instance_id()
+
+
+def health_report() -> dict:
+    from ..kv.server import status as kv_status
+    from ..scheduling.metrics import scheduler_status
+
+    local = register_general()
+    processes = status.read_processes()
+    roles = sorted({p["role"] for p in processes})
+    return {
+        "extension": PLUGIN_NAME,
+        "version": __version__,
+        "vllm_version": local["vllm_version"],
+        "patching": local["patching"],
+        "patching_reason": local["patching_reason"],
+        "features": {"patches": local["patches"]},
+        "patch_mode": local["patch_mode"],
+        "source_patches": local["source_patches"],
+        "disabled_patches": local["disabled_patches"],
+        "instance_id": instance_id(),
+        "plugin_loaded_in": roles,
+        "scheduler": scheduler_status(),
+        "kv_reuse": kv_status(),
+        "processes": processes,
+        "settings": Settings.current().public(),
+    }

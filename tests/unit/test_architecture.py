@@ -1,0 +1,86 @@
+"""The layering holds: imports run one way (integration -> capabilities -> store and pure cores), the calculator
+imports nothing from the application, and every package ships in the wheel."""
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = ROOT / "qwen_vllm_ext"
+CALCULATOR = ROOT / "calculator_cython" / "qwen_v3_calculator"
+CAPABILITIES = ("scheduling", "usage", "gateway", "kv")
+
+
+def module_name(path: Path, package_root: Path, package: str) -> str:
+    parts = list(path.relative_to(package_root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join([package, *parts])
+
+
+def imports(path: Path, name: str) -> set[str]:
+    """Absolute names of every module ``path`` imports (relative imports resolved; lazy imports included)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[:len(base) - node.level + (1 if is_package else 0)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out |= {f"{mod}.{a.name}" for a in node.names}  # `from pkg import module`
+    return out
+
+
+def app_modules():
+    for path in sorted(APP.rglob("*.py")):
+        yield path, module_name(path, APP, "qwen_vllm_ext")
+
+
+def test_the_calculator_imports_nothing_from_the_application():
+    for path in sorted(CALCULATOR.rglob("*.py")):
+        name = module_name(path, CALCULATOR, "qwen_v3_calculator")
+        bad = sorted(m for m in imports(path, name) if m == "qwen_vllm_ext" or m.startswith("qwen_vllm_ext."))
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+@pytest.mark.parametrize("capability", [*CAPABILITIES, "store"])
+def test_capabilities_and_stores_never_import_the_integration_layer(capability):
+    forbidden = ("qwen_vllm_ext.integration", "qwen_vllm_ext.plugin", "qwen_vllm_ext.patches",
+                 "qwen_vllm_ext.sourcepatch", "qwen_vllm_ext.serve")
+    for path, name in app_modules():
+        if not name.startswith(f"qwen_vllm_ext.{capability}"):
+            continue
+        bad = sorted(m for m in imports(path, name) if m.startswith(forbidden))
+        assert not bad, f"{name} imports {bad}: imports run integration -> capabilities -> store"
+
+
+def test_the_store_imports_no_capability():
+    for path, name in app_modules():
+        if name.startswith("qwen_vllm_ext.store"):
+            bad = sorted(m for m in imports(path, name)
+                         if any(m.startswith(f"qwen_vllm_ext.{c}") for c in CAPABILITIES))
+            assert not bad, f"{name} imports {bad}"
+
+
+def test_the_resolver_sees_relative_and_lazy_imports(tmp_path):
+    pkg = tmp_path / "qwen_vllm_ext" / "usage"
+    pkg.mkdir(parents=True)
+    (pkg / "x.py").write_text("def f():\n    from ..integration import plugin\n")
+    assert "qwen_vllm_ext.integration.plugin" in imports(pkg / "x.py", "qwen_vllm_ext.usage.x")
+
+
+def test_every_package_ships_in_the_wheel():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = set(cfg["packages"])
+    found = {module_name(p, APP, "qwen_vllm_ext") for p in APP.rglob("__init__.py")}
+    assert found <= packages, f"packages missing from pyproject.toml: {sorted(found - packages)}"
