@@ -434,6 +434,7 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
     from qwen_v3_calculator import Calculator
     from qwen_v3_calculator.billing import get_policy
     from qwen_vllm_ext.config import Settings
+    from qwen_vllm_ext.context import ServerContext, request_context
     from qwen_vllm_ext.gateway.admission import Served
     from qwen_vllm_ext.gateway.keys import KeyCache, SqliteKeyStore
     from qwen_vllm_ext.gateway.limiter import SqliteLimiter
@@ -460,13 +461,14 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
         await receive()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
-        for callback in scope["state"].get("qwen_usage_callbacks", ()):  # what the ledger does after a response
+        for callback in request_context(scope).on_usage:  # what the ledger does after a response
             callback(record)
 
     gateway = GatewayMiddleware(app, settings=settings, keys=KeyCache(keys), limiter=limiter,
                                 policy=get_policy("default"), on_spike=breaker.observe_sync,
                                 inline_limiter=limiter.nonblocking())
-    state = types.SimpleNamespace(qwen_gateway_served=Served(Calculator(), 4096, names=("m",)))
+    state = types.SimpleNamespace(qwen_vllm_ext=ServerContext(settings=settings,
+                                                                admission=Served(Calculator(), 4096, names=("m",))))
     texts = prompts(64, SEED)
 
     async def one(i):

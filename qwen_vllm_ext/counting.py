@@ -17,12 +17,15 @@ COUNT_PATH = "/v1/tokens/count"
 
 
 def init_state(state, args) -> None:
+    from .context import server_context
+
+    ctx = server_context(state)
     names = getattr(args, "served_model_name", None) or [args.model]
-    state.qwen_vllm_ext_served_model = names[0] if isinstance(names, list) else names
+    ctx.served_model = names[0] if isinstance(names, list) else names
     from .kv.reuse import served_template
 
     # the template vLLM serves: the package's prefix-stable one in KV-reuse mode (else from the tokenizer)
-    state.qwen_vllm_ext_calculator = calculator_for_model(args.model, getattr(args, "tokenizer", None),
+    ctx.calculator = calculator_for_model(args.model, getattr(args, "tokenizer", None),
                                                           template=served_template(args))
 
 
@@ -38,6 +41,8 @@ def calculator_for_model(model: str | None, tokenizer: str | None = None, templa
 def attach(app) -> None:
     """Add the route; ``init_state`` puts the calculator and served model name on ``app.state``."""
     from fastapi import Request
+
+    from .context import server_context
 
     @app.post(COUNT_PATH)
     async def count_tokens(request: Request):
@@ -55,7 +60,7 @@ def attach(app) -> None:
         cached = body.get("cached_tokens", 0)
         kwargs = dict(body.get("chat_template_kwargs") or {})
         try:
-            calc = request.app.state.qwen_vllm_ext_calculator
+            calc = server_context(request.app).calculator
             if messages is not None:
                 result = calc.calculate_tokens(output_text=completion, messages=messages, cached_tokens=cached,
                                                tools=body.get("tools"), **kwargs)
@@ -68,4 +73,4 @@ def attach(app) -> None:
                                   param="messages" if messages is not None else "prompt")
         from qwen_v3_calculator.calculator import to_jsonable
 
-        return {"model": body.get("model") or request.app.state.qwen_vllm_ext_served_model, **to_jsonable(result)}
+        return {"model": body.get("model") or server_context(request.app).served_model, **to_jsonable(result)}

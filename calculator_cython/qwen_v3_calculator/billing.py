@@ -9,7 +9,7 @@ token counts are ints; results are exact Decimals (serialize them as strings).
 from __future__ import annotations
 
 import dataclasses
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
 CODE_FENCE = "```"
 
@@ -97,6 +97,11 @@ PRESETS = {
                                   message_counting="role_colon_text"),
     "code-surcharge": BillingPolicy(name="code-surcharge", code_block_surcharge=Decimal("0.05")),
 }
+
+
+def to_micro(units) -> int:
+    """Billed units (Decimal) as integer micro-units, rounded half-even (how the ledger and budgets store them)."""
+    return int((units * 1_000_000).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
 
 
 def get_policy(policy: "BillingPolicy | str | None") -> BillingPolicy:

@@ -19,8 +19,10 @@ import math
 import sqlite3
 import time
 
+from qwen_v3_calculator.billing import to_micro
+
+from ..context import request_context, server_context
 from ..errors import error_body
-from ..usage.middleware import to_micro
 from . import anthropic
 from .admission import (GENERATION_PATHS, UNMETERED_POST, Rejection, admit, admit_messages, check_model_scope,
                         duration, parse_body, refusal_reason, strip_hint)
@@ -122,8 +124,9 @@ class GatewayMiddleware:
         except Rejection as rej:  # (its headers: Retry-After when the key store is unavailable)
             return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
                                  rej.headers)
-        scope.setdefault("state", {})["qwen_api_key_id"] = key.key_id
-        served = scope["app"].state.qwen_gateway_served  # the served model's calculator, context, names
+        request = request_context(scope)
+        request.api_key_id = key.key_id
+        served = server_context(scope["app"]).admission  # the served model's calculator, context, names
         kind = GENERATION_PATHS.get(path)
         if kind is None:
             if scope.get("method") == "GET" and path == MODELS_PATH and key.models:
@@ -159,12 +162,12 @@ class GatewayMiddleware:
         except Rejection as rej:
             return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
                                  rej.headers)
-        scope["state"]["qwen_model"] = admission.model  # the ledger records the model the engine serves
+        request.model = admission.model  # the ledger records the model the engine serves
         body = admission.encoded() if admission.body_changed else raw
         extra = {**held["headers"], PROMPT_TOKENS_HEADER: str(admission.prompt_tokens),
                  RESERVED_TOKENS_HEADER: str(admission.cost),
                  OVERHEAD_HEADER.decode(): f"{(time.perf_counter() - started) * 1000:.3f}"}
-        scope["state"].setdefault("qwen_usage_callbacks", []).append(lambda record: self._reconcile(held, record))
+        request.on_usage.append(lambda record: self._reconcile(held, record))
         renew = asyncio.get_running_loop().create_task(self._renew_slot(held)) if held["slot"] else None
 
         replay_receive = _replay(body, receive)

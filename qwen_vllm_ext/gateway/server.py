@@ -12,6 +12,7 @@ def attach(app, settings) -> None:
     from prometheus_client import Counter
     from qwen_v3_calculator.billing import get_policy
 
+    from ..context import server_context
     from ..store import locations
     from . import admin
     from .keys import KeyCache, open_key_store
@@ -23,7 +24,7 @@ def attach(app, settings) -> None:
     key_store = open_key_store(settings=settings)
     where = locations.limiter(settings)
     limiter = open_limiter(where.backend, where.target)
-    breaker = SpikeBreaker(settings, limiter, key_store, lambda: app.state.qwen_ledger_store,
+    breaker = SpikeBreaker(settings, limiter, key_store, lambda: server_context(app).ledger_store,
                            counter=Counter("qwen_ext_keys_suspended", "API keys suspended by the spike breaker"))
     inline = limiter.nonblocking() if hasattr(limiter, "nonblocking") else None  # SQLite: admission inline
     app.add_middleware(GatewayMiddleware, settings=settings, keys=KeyCache(key_store), limiter=limiter,
@@ -45,13 +46,15 @@ def engine_request_fields() -> dict[str, frozenset]:
 
 
 def init_state(engine_client, state, args) -> None:
-    """Put what admission needs to know about the served model on ``app.state.qwen_gateway_served``
+    """Put what admission needs to know about the served model on the server context
     (after ``counting.init_state`` has built the calculator)."""
+    from ..context import server_context
     from .admission import Served
 
+    ctx = server_context(state)
     names = getattr(args, "served_model_name", None) or [args.model]
-    state.qwen_gateway_served = Served(
-        calculator=state.qwen_vllm_ext_calculator,
+    ctx.admission = Served(
+        calculator=ctx.calculator,
         max_model_len=engine_client.model_config.max_model_len,
         names=tuple([names] if isinstance(names, str) else names),
         engine_fields=engine_request_fields(),

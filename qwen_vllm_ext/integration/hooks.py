@@ -65,7 +65,10 @@ def server_starting() -> None:
 def attach_app(app) -> None:
     """``build_app``: the extension's routes and middlewares (health, token counting, gateway, ledger),
     exactly as the endpoint plugin adds them; skipped when the endpoint plugin already did."""
-    if not _settings().enabled or getattr(app.state, "qwen_vllm_ext_attached", False):
+    from ..context import find_server_context
+
+    ctx = find_server_context(app)
+    if not _settings().enabled or (ctx is not None and ctx.attached):
         return
     from . import plugin
 
@@ -75,7 +78,10 @@ def attach_app(app) -> None:
 
 async def init_state(engine_client, state, args) -> None:
     """``init_app_state``: the extension's per-server state, as the endpoint plugin sets it."""
-    if not _settings().enabled or getattr(state, "qwen_vllm_ext_settings", None) is not None:
+    from ..context import find_server_context
+
+    ctx = find_server_context(state)
+    if not _settings().enabled or (ctx is not None and ctx.initialized):
         return
     from . import plugin
 

@@ -14,6 +14,7 @@ import logging
 from .. import __version__, counting, status
 from .._vllm import require_vllm, unsupported_message, version_supported
 from ..config import Settings
+from ..context import install_server_context
 from .guard import check_patch
 from .runtime_patches import runtime_patches
 
@@ -103,23 +104,25 @@ class EndpointPlugin:
             return health_report()
 
         app.include_router(router)
-        app.state.qwen_vllm_ext_attached = True  # a source-patched vLLM's build_app hook then adds nothing
+        ctx = install_server_context(app, Settings.current())
+        ctx.attached = True  # a source-patched vLLM's build_app hook then adds nothing
         counting.attach(app)
         _register_collectors()
         from . import stack
 
-        stack.attach(app, Settings.current(), ledger="usage_accounting" in register_general()["patches"])
+        stack.attach(app, ctx.settings, ledger="usage_accounting" in register_general()["patches"])
 
     async def init_state(self, engine_client, state, args) -> None:
-        state.qwen_vllm_ext_settings = Settings.current()
+        ctx = install_server_context(state, Settings.current())
+        ctx.initialized = True
         counting.init_state(state, args)
-        if engine_client is not None and state.qwen_vllm_ext_settings.gateway:
+        if engine_client is not None and ctx.settings.gateway:
             from ..gateway import server as gateway_server
 
             gateway_server.init_state(engine_client, state, args)
         from ..kv import server as kv_server
 
-        await kv_server.init_state(engine_client, state, state.qwen_vllm_ext_settings, args)
+        await kv_server.init_state(engine_client, state, ctx.settings, args)
 
 
 _collectors_registered = False

@@ -123,7 +123,6 @@ async def init_state(engine_client, state, settings, args=None) -> None:
     _TASK = asyncio.get_running_loop().create_task(
         _SLEEPER.run(poll_s=1.0, on_error=lambda e: logger.error("qwen-vllm-ext: putting the engine to sleep "
                                                                   "failed: %s", e)))
-    state.qwen_idle_sleeper = _SLEEPER
     logger.info("qwen-vllm-ext: idle sleep after %.0fs without requests", settings.idle_sleep_s)
 
 

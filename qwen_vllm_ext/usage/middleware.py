@@ -22,6 +22,9 @@ import re
 import time
 import uuid
 
+from qwen_v3_calculator.billing import to_micro
+
+from ..context import find_request_context
 from ..kv.reuse import conversation_id, tracker as reuse_tracker
 from .accounting import BOOK, CURRENT_HTTP_REQUEST, RequestTotals
 from .ledger import LedgerRecord, LedgerWriteError
@@ -139,7 +142,8 @@ class UsageLedgerMiddleware:
             # Reconciliation (gateway refunds, budgets, spike breaker) needs the counts, not durability.
             if self.on_record is not None:
                 self.on_record(record, body)
-            for callback in scope["state"].get("qwen_usage_callbacks", ()):
+            request = find_request_context(scope)
+            for callback in (request.on_usage if request is not None else ()):
                 callback(record)
 
     async def _is_ours(self, record) -> bool:
@@ -156,9 +160,10 @@ class UsageLedgerMiddleware:
         billed_prompt = totals.prompt_tokens if totals.engine_prompt_tokens else 0
         bill = self.policy.bill(billed_prompt, totals.completion_tokens,
                                 cached_tokens=min(totals.cached_tokens, billed_prompt))
+        request = find_request_context(scope)
         model = body.get("model") if isinstance(body.get("model"), str) else ""
         # a request that names no model is served by the default one: the gateway says which
-        model = model or (scope.get("state") or {}).get("qwen_model") or ""
+        model = model or (request.model if request is not None else None) or ""
         conversation = conversation_id(scope.get("headers"), body)
         reuse_ratio = None
         if status in ("stop", "length") and totals.engine_prompt_tokens:  # a turn the engine really ran
@@ -183,17 +188,10 @@ class UsageLedgerMiddleware:
             ttft_s=(totals.first_token_at - state["received_at"]) if totals.first_token_at else None,
             latency_s=now - state["received_at"],
             streamed=state["streamed"],
-            api_key_id=(scope.get("state") or {}).get("qwen_api_key_id"),
+            api_key_id=request.api_key_id if request is not None else None,
             conversation_id=conversation,
             reuse_ratio=reuse_ratio,
         )
-
-
-def to_micro(units) -> int:
-    """Billed units (Decimal) as integer micro-units, rounded half-even."""
-    from decimal import ROUND_HALF_EVEN, Decimal
-
-    return int((units * 1_000_000).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
 
 
 def _parse_body(raw: bytearray) -> dict:

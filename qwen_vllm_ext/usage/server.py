@@ -22,6 +22,7 @@ def attach(app, settings) -> None:
         return
     from qwen_v3_calculator.billing import get_policy
 
+    from ..context import server_context
     from ..store import locations
     from ..store.redis import safe_url
     from .access_log import AccessLog, StratifiedSampler
@@ -52,5 +53,5 @@ def attach(app, settings) -> None:
     app.add_middleware(UsageLedgerMiddleware, writer=writer, policy=get_policy(settings.billing_policy),
                        instance_id=instance_id(), on_record=on_record,
                        on_commit=metrics()["write"].observe)
-    app.state.qwen_ledger_store = store
+    server_context(app).ledger_store = store
     logger.info("qwen-vllm-ext: usage ledger on %s (%s)", where.backend, safe_url(where.target))

@@ -11,6 +11,7 @@ import types
 from qwen_v3_calculator import Calculator
 from qwen_v3_calculator.billing import get_policy
 from qwen_vllm_ext.config import Settings
+from qwen_vllm_ext.context import ServerContext
 from qwen_vllm_ext.gateway.admission import Served
 from qwen_vllm_ext.gateway.keys import KeyCache, SqliteKeyStore
 from qwen_vllm_ext.gateway.limiter import SqliteLimiter
@@ -35,7 +36,8 @@ def _gateway(tmp_path):
 
 
 def _call(gw, secret):
-    state = types.SimpleNamespace(qwen_gateway_served=Served(Calculator(), 4096, names=("m",)))
+    state = types.SimpleNamespace(qwen_vllm_ext=ServerContext(settings=gw.settings,
+                                                                admission=Served(Calculator(), 4096, names=("m",))))
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}).encode()
     scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST", "state": {},
              "app": types.SimpleNamespace(state=state), "headers": [(b"authorization", f"Bearer {secret}".encode())]}

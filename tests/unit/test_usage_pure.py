@@ -21,7 +21,8 @@ from qwen_vllm_ext.usage import reconcile as rec
 from qwen_vllm_ext.usage.access_log import AccessLog, StratifiedSampler, estimate_prompt_tokens
 from qwen_vllm_ext.usage.accounting import AccountBook, EngineCounts, RequestTotals
 from qwen_vllm_ext.usage.ledger import LedgerRecord
-from qwen_vllm_ext.usage.middleware import _parse_body, _status, to_micro
+from qwen_v3_calculator.billing import to_micro
+from qwen_vllm_ext.usage.middleware import _parse_body, _status
 from qwen_vllm_ext.usage.stream_usage import billing_fields, rewrite_sse
 
 POLICY = get_policy("default")
