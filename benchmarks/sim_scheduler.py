@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import bench_scheduler as bench  # noqa: E402  (traces, metrics: the same code as the real benchmark)
 
-from qwen_vllm_ext.scheduling.policy import SETTING_FIELDS, PolicyConfig  # noqa: E402
+from qwen_vllm_ext.scheduling.policy import SETTING_PREFIX, PolicyConfig  # noqa: E402
 from qwen_vllm_ext.scheduling.sim import StepCostModel, fit_cost_model, simulate  # noqa: E402
 
 METRICS = (("ttft_mean_s", "mean", "<=", 0.5), ("long_decile_p99_ttft_s", "long p99", "<=", 1.2),
@@ -45,13 +45,11 @@ def parse_config(text: str) -> tuple[str, PolicyConfig]:
     values = {}
     for kv in filter(None, body.split(",")):
         key, _, value = kv.partition("=")
-        key = key.strip().lower().removeprefix("qwen_vllm_ext_").removeprefix("sched_")
-        field = SETTING_FIELDS.get("sched_" + key)
-        if field is None:
-            raise SystemExit(f"--config {text!r}: unknown setting {key!r}; known: "
-                             + ", ".join(s.removeprefix("sched_") for s in SETTING_FIELDS))
-        default = getattr(PolicyConfig(), field)
-        values[field] = type(default)(value)
+        field = key.strip().lower().removeprefix("qwen_vllm_ext_").removeprefix(SETTING_PREFIX)
+        known = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}
+        if field not in known:
+            raise SystemExit(f"--config {text!r}: unknown setting {field!r}; known: " + ", ".join(known))
+        values[field] = type(known[field])(value)
     return name or "tw", PolicyConfig(**values)
 
 

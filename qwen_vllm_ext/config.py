@@ -20,7 +20,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .scheduling.policy import SETTING_PREFIX, PolicyConfig, PolicyError
+
 ENV_PREFIX = "QWEN_VLLM_EXT_"
+NESTED_POLICY = "scheduler"  # the Settings field holding the scheduler policy (settings sched_*)
 RESOLVED_ENV = "QWEN_VLLM_EXT_SETTINGS"
 ADDITIONAL_CONFIG_KEY = "qwen_vllm_ext"
 
@@ -76,30 +79,9 @@ class Settings:
     token_weighted_scheduler: bool = False
     """Monkeypatch mode: the engine core uses the token-weighted scheduler without --scheduler-cls (every
     launcher profile turns it on)."""
-    sched_output_weight: float = 0.7
-    """Weight of expected output tokens: weight = uncached prompt tokens + this x expected output tokens."""
-    sched_output_cap: int = 1024
-    """Expected output = min(max_tokens, this cap), unless the client hints it (vllm_xargs)."""
-    sched_output_hint_key: str = "expected_output_tokens"
-    """``vllm_xargs`` key through which a client may hint its expected output length."""
-    sched_aging_half_life_s: float = 1.0
-    """Aging in seconds, used only when ``sched_aging_half_life_tokens`` is 0: a waiting request's weight halves
-    every this many seconds (both 0 = no aging)."""
-    sched_max_wait_s: float = 30.0
-    """Hard starvation bound: requests waiting longer are admitted first, in arrival order (0 = none)."""
-    sched_group_ratio: float = 0.0
-    """When > 1, one step admits requests within this factor of the head's weight first (0 = off)."""
-    sched_lookup_candidates: int = 64
-    """Prefix-cache lookups per step only for the first K waiting candidates."""
-    sched_fcfs_above: int = 0
-    """Fall back to arrival order when more than this many requests wait (0 = never)."""
-    sched_aging_load_exponent: float = 2.0
-    """The aging half-life is multiplied by the measured overload factor to this power (0 = fixed)."""
-    sched_rate_window_s: float = 10.0
-    """Window of the arriving and admitted weight rates whose ratio is the overload factor, seconds."""
-    sched_aging_half_life_tokens: float = 2500.0
-    """Aging on the work clock: a waiting request's weight halves every this many tokens of weight the engine
-    admits (0 = age in seconds instead, by ``sched_aging_half_life_s``)."""
+    scheduler: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    """The token-weighted policy (``qwen_vllm_ext.scheduling.policy.PolicyConfig``): each of its fields ``f`` is
+    the setting ``sched_f`` (``QWEN_VLLM_EXT_SCHED_F``, ``--qwen-sched-f``), defined and documented there once."""
 
     # ---- gateway -------------------------------------------------------------------------------
     gateway: bool = False
@@ -141,28 +123,30 @@ class Settings:
     """Put the engine to sleep (vLLM sleep mode, GPU only) after this many idle seconds; the next request wakes it (0 = off)."""
 
     # ---- construction -------------------------------------------------------------------------
-    def __post_init__(self) -> None:
-        # The scheduler policy's ranges are checked here, where a bad value is a clear start-up error, not a
-        # traceback from the engine core when it builds its scheduler.
-        from .scheduling.policy import SETTING_FIELDS, PolicyConfig
-
-        try:
-            PolicyConfig.from_settings(self)
-        except ValueError as exc:
-            field = str(exc).split(" ", 1)[0]
-            name = next((k for k, v in SETTING_FIELDS.items() if v == field), "sched_*")
-            raise SettingsError(f"setting {name!r}: {exc}") from None
+    @classmethod
+    def _flat_fields(cls) -> dict[str, tuple[str, Any]]:
+        """Setting name -> (type name, default) in declaration order; the nested policy as ``sched_*`` names."""
+        out: dict[str, tuple[str, Any]] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == NESTED_POLICY:
+                for p in dataclasses.fields(PolicyConfig):
+                    out[SETTING_PREFIX + p.name] = (p.type, p.default)
+            else:
+                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                out[f.name] = (f.type, default)
+        return out
 
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+        """Every setting's name, as users write it (``sched_*`` for the scheduler's)."""
+        return list(cls._flat_fields())
 
     @classmethod
     def _coerce(cls, name: str, value: Any) -> Any:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        fields = cls._flat_fields()
         if name not in fields:
             raise SettingsError(f"unknown setting {name!r}; known settings: {', '.join(fields)}")
-        kind = fields[name].type
+        kind = fields[name][0]
         if kind == "bool":
             if isinstance(value, bool):
                 return value
@@ -183,6 +167,40 @@ class Settings:
             except (TypeError, ValueError):
                 raise SettingsError(f"setting {name!r} expects a number, got {value!r}") from None
         return str(value)
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> "Settings":
+        """Settings from setting names (``sched_*`` included); values are coerced to each setting's type.
+
+        A scheduler value out of range is a :class:`SettingsError` naming the setting: a clear start-up error,
+        not a traceback from the engine core when it builds its scheduler."""
+        own, policy = {}, {}
+        for name, value in values.items():
+            value = cls._coerce(name, value)
+            if name.startswith(SETTING_PREFIX):
+                policy[name[len(SETTING_PREFIX):]] = value
+            else:
+                own[name] = value
+        try:
+            scheduler = PolicyConfig(**policy)
+        except PolicyError as exc:
+            raise SettingsError(f"setting {SETTING_PREFIX + exc.field!r}: {exc}") from None
+        return cls(**own, scheduler=scheduler)
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting by the name users write (``sched_*`` included)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != NESTED_POLICY}
+        data.update({SETTING_PREFIX + k: v for k, v in dataclasses.asdict(self.scheduler).items()})
+        return {name: data[name] for name in self.field_names()}
+
+    def __getattr__(self, name: str) -> Any:
+        # settings.sched_<f> reads the nested policy's field f (only called when normal lookup fails)
+        if name.startswith(SETTING_PREFIX) and name != SETTING_PREFIX:
+            try:
+                return getattr(self.scheduler, name[len(SETTING_PREFIX):])
+            except AttributeError:
+                pass
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def resolve(
@@ -210,19 +228,18 @@ class Settings:
         for name, value in (cli or {}).items():
             if value is not None:
                 values[name] = cls._coerce(name, value)
-        return cls(**values)
+        return cls.from_flat(values)
 
     @classmethod
     def current(cls) -> "Settings":
         """Settings of this process: the launcher's resolved JSON if present, else from the environment."""
         blob = os.environ.get(RESOLVED_ENV)
         if blob:
-            data = json.loads(blob)
-            return cls(**{k: cls._coerce(k, v) for k, v in data.items()})
+            return cls.from_flat(json.loads(blob))
         return cls.resolve()
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(self.flat(), sort_keys=True)
 
     def export(self, environ: dict[str, str] | None = None) -> None:
         """Publish these settings to child processes (they read them with :meth:`current`)."""
@@ -232,7 +249,7 @@ class Settings:
         """Settings safe to show on the (unauthenticated) health route: secrets masked, URL passwords removed."""
         from .store.redis import safe_url
 
-        data = dataclasses.asdict(self)
+        data = self.flat()
         for name in SECRET_FIELDS:
             if data[name]:
                 data[name] = "***"

@@ -33,7 +33,6 @@ REFUSED_ROUTES = {
                               "the gateway counts; use /v1/completions with token ids",
 }
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
-HINT_KEY_SETTING = "sched_output_hint_key"
 
 
 class Rejection(Exception):

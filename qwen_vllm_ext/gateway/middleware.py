@@ -156,7 +156,7 @@ class GatewayMiddleware:
             else:
                 run = lambda: admit(parsed, kind, key, served, over_cap=over_cap)  # noqa: E731
             admission = run() if inline else await asyncio.to_thread(run)
-            if strip_hint(admission.body, self.settings.sched_output_hint_key):
+            if strip_hint(admission.body, self.settings.scheduler.output_hint_key):
                 admission.body_changed = True
             held = await self._reserve(key, admission)
         except Rejection as rej:

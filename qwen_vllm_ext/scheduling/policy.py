@@ -5,7 +5,7 @@
     weight = uncached_prompt_tokens + output_weight * expected_output_tokens
 
 ``expected_output_tokens`` is the client's hint (``vllm_xargs`` / ``SamplingParams.extra_args`` key
-``hint_key``, default ``expected_output_tokens``) when it gives one, else ``max_tokens``; either is capped at
+``output_hint_key``, default ``expected_output_tokens``) when it gives one, else ``max_tokens``; either is capped at
 ``output_cap`` (``max_tokens`` is often a huge default, not an expectation).
 
 **Aging is multiplicative** (a half-life), not additive::
@@ -52,7 +52,8 @@ the queue recomputes every rank when the half-life moves by more than 2%.
 **FCFS fallback** (optional, ``fcfs_above > 0``): with more scored requests waiting than that, order the
 scored lane by arrival (no prefix-cache lookups), as SGLang does above 128 waiting.
 
-All factors come from settings (``PolicyConfig.from_settings``); see ``SETTING_FIELDS``.
+All factors come from settings: ``Settings.scheduler`` is a ``PolicyConfig``; its field ``f`` is the setting
+``sched_f`` (``SETTING_PREFIX``).
 """
 from __future__ import annotations
 
@@ -61,76 +62,57 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-# Setting name (qwen_vllm_ext.config.Settings field) -> PolicyConfig field. The defaults are PolicyConfig's;
-# the Settings fields repeat them (a unit test keeps the two equal).
-SETTING_FIELDS: dict[str, str] = {
-    "sched_output_weight": "output_weight",
-    "sched_output_cap": "output_cap",
-    "sched_output_hint_key": "hint_key",
-    "sched_aging_half_life_s": "aging_half_life_s",
-    "sched_max_wait_s": "max_wait_s",
-    "sched_group_ratio": "group_ratio",
-    "sched_lookup_candidates": "lookup_candidates",
-    "sched_fcfs_above": "fcfs_above",
-    "sched_aging_load_exponent": "aging_load_exponent",
-    "sched_rate_window_s": "rate_window_s",
-    "sched_aging_half_life_tokens": "aging_half_life_tokens",
-}
+SETTING_PREFIX = "sched_"
+"""Each ``PolicyConfig`` field ``f`` is the setting ``sched_f`` of :class:`qwen_vllm_ext.config.Settings`, which
+nests this class: the fields below (with their defaults and docs) are the one definition of those settings."""
 MAX_LOAD_FACTOR = 4.0
 """Upper clamp of the measured overload factor (a burst's first seconds can read far higher)."""
 
 
+_FINITE_GE0 = ("a finite number >= 0", lambda v: v >= 0 and math.isfinite(v))
+_GE0 = (">= 0", lambda v: v >= 0)  # NaN fails every comparison, so it is refused too
+_RANGES = (
+    ("output_weight", *_FINITE_GE0), ("output_cap", *_GE0), ("aging_half_life_s", *_GE0), ("max_wait_s", *_GE0),
+    ("group_ratio", *_GE0), ("lookup_candidates", *_GE0), ("fcfs_above", *_GE0), ("aging_load_exponent", *_FINITE_GE0),
+    ("rate_window_s", "a finite number > 0", lambda v: v > 0 and math.isfinite(v)),
+    ("aging_half_life_tokens", *_FINITE_GE0),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
-    """The policy's factors. Defaults serve most loads; every one is a setting (``SETTING_FIELDS``)."""
+    """The policy's factors. Defaults serve most loads; every field ``f`` is the setting ``sched_f``."""
 
     output_weight: float = 0.7
-    """Weight of one expected output token relative to one uncached prompt token."""
+    """Weight of expected output tokens: weight = uncached prompt tokens + this x expected output tokens."""
     output_cap: int = 1024
-    """Cap on expected output tokens (``max_tokens`` or the client's hint)."""
-    hint_key: str = "expected_output_tokens"
-    """``vllm_xargs`` key with the client's expected output tokens (empty: ignore hints)."""
+    """Expected output = min(max_tokens, this cap), unless the client hints it (vllm_xargs)."""
+    output_hint_key: str = "expected_output_tokens"
+    """``vllm_xargs`` key through which a client may hint its expected output length (empty: ignore hints)."""
     aging_half_life_s: float = 1.0
-    """Seconds-clock aging (used only when ``aging_half_life_tokens`` is 0): waiting this long halves a request's
-    effective weight (0: no aging)."""
+    """Aging in seconds, used only when ``sched_aging_half_life_tokens`` is 0: a waiting request's weight halves
+    every this many seconds (both 0 = no aging)."""
     max_wait_s: float = 30.0
-    """Requests waiting this long are admitted first, in arrival order (0: no limit)."""
+    """Hard starvation bound: requests waiting longer are admitted first, in arrival order (0 = none)."""
     group_ratio: float = 0.0
-    """Admit requests within this weight factor of the head first (0 or <= 1: off)."""
+    """When > 1, one step admits requests within this factor of the head's weight first (0 = off)."""
     lookup_candidates: int = 64
-    """Prefix-cache lookups per step: only the first K scored candidates are refreshed."""
+    """Prefix-cache lookups per step only for the first K waiting candidates."""
     fcfs_above: int = 0
-    """Order the scored lane by arrival when more than this many wait (0: never)."""
+    """Fall back to arrival order when more than this many requests wait (0 = never)."""
     aging_load_exponent: float = 2.0
-    """The half-life is multiplied by the measured overload factor to this power (0: fixed half-life)."""
+    """The aging half-life is multiplied by the measured overload factor to this power (0 = fixed)."""
     rate_window_s: float = 10.0
-    """Window of the arriving and admitted weight rates whose ratio is the overload factor."""
+    """Window of the arriving and admitted weight rates whose ratio is the overload factor, seconds."""
     aging_half_life_tokens: float = 2500.0
-    """When > 0, aging runs on the work clock: a request's effective weight halves every this many tokens of
-    weight admitted while it waits (``aging_half_life_s`` is then unused)."""
+    """Aging on the work clock: a waiting request's weight halves every this many tokens of weight the engine
+    admits (0 = age in seconds instead, by ``sched_aging_half_life_s``)."""
 
     def __post_init__(self) -> None:
-        if not (self.output_weight >= 0 and math.isfinite(self.output_weight)):
-            raise ValueError(f"output_weight must be a finite number >= 0, got {self.output_weight!r}")
-        if self.output_cap < 0:
-            raise ValueError(f"output_cap must be >= 0, got {self.output_cap!r}")
-        if self.aging_half_life_s < 0 or math.isnan(self.aging_half_life_s):
-            raise ValueError(f"aging_half_life_s must be >= 0, got {self.aging_half_life_s!r}")
-        if self.max_wait_s < 0 or math.isnan(self.max_wait_s):
-            raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s!r}")
-        if self.group_ratio < 0 or math.isnan(self.group_ratio):
-            raise ValueError(f"group_ratio must be >= 0, got {self.group_ratio!r}")
-        if self.lookup_candidates < 0:
-            raise ValueError(f"lookup_candidates must be >= 0, got {self.lookup_candidates!r}")
-        if self.fcfs_above < 0:
-            raise ValueError(f"fcfs_above must be >= 0, got {self.fcfs_above!r}")
-        if not (self.aging_load_exponent >= 0 and math.isfinite(self.aging_load_exponent)):
-            raise ValueError(f"aging_load_exponent must be a finite number >= 0, got {self.aging_load_exponent!r}")
-        if not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
-            raise ValueError(f"rate_window_s must be a finite number > 0, got {self.rate_window_s!r}")
-        if not (self.aging_half_life_tokens >= 0 and math.isfinite(self.aging_half_life_tokens)):
-            raise ValueError("aging_half_life_tokens must be a finite number >= 0, "
-                             f"got {self.aging_half_life_tokens!r}")
+        for name, what, ok in _RANGES:
+            value = getattr(self, name)
+            if not ok(value):
+                raise PolicyError(name, f"{name} must be {what}, got {value!r}")
 
     @property
     def work_clock(self) -> bool:
@@ -139,21 +121,32 @@ class PolicyConfig:
 
     @classmethod
     def from_settings(cls, settings: Any) -> "PolicyConfig":
-        """Build from a ``Settings`` object (or anything with the ``sched_*`` attributes; missing = default)."""
-        defaults = cls()
+        """The policy of a ``Settings`` object (its ``scheduler``), or of anything with ``sched_*`` attributes
+        (missing = default; values converted to the field's type)."""
+        nested = getattr(settings, "scheduler", None)
+        if isinstance(nested, cls):
+            return nested
         values = {}
-        for setting, field in SETTING_FIELDS.items():
-            default = getattr(defaults, field)
-            values[field] = type(default)(getattr(settings, setting, default))
+        for f in dataclasses.fields(cls):
+            default = f.default
+            values[f.name] = type(default)(getattr(settings, SETTING_PREFIX + f.name, default))
         return cls(**values)
+
+
+class PolicyError(ValueError):
+    """A policy factor out of range; ``field`` names it (the setting is ``sched_<field>``)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 def expected_output_tokens(max_tokens: int | None, extra_args: Mapping[str, Any] | None,
                            config: PolicyConfig) -> int:
     """The client's hint (if a non-negative number) else ``max_tokens`` (None: the cap), capped."""
     expected: float | None = None
-    if config.hint_key and extra_args:
-        hint = extra_args.get(config.hint_key)
+    if config.output_hint_key and extra_args:
+        hint = extra_args.get(config.output_hint_key)
         if isinstance(hint, (int, float)) and not isinstance(hint, bool) and math.isfinite(hint) and hint >= 0:
             expected = hint
         elif isinstance(hint, str):

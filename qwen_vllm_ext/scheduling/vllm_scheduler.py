@@ -316,7 +316,7 @@ def _extra_args(request: Request) -> dict[str, Any] | None:
 def _settings_policy() -> PolicyConfig:
     from qwen_vllm_ext.config import Settings
 
-    return PolicyConfig.from_settings(Settings.current())
+    return Settings.current().scheduler
 
 
 class TokenWeightedMixin:

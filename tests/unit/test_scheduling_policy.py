@@ -1,4 +1,6 @@
 """Token-weighted admission policy (pure Python: no vLLM)."""
+import dataclasses
+import json
 import math
 import random
 import subprocess
@@ -44,7 +46,7 @@ def test_expected_output_cap_and_client_hint():
     assert policy.expected_output_tokens(4000, {"expected_output_tokens": 10**6}, CFG) == 1024
     for bad in (-1, "many", True, float("nan"), None):
         assert policy.expected_output_tokens(40, {"expected_output_tokens": bad}, CFG) == 40
-    off = PolicyConfig(hint_key="")
+    off = PolicyConfig(output_hint_key="")
     assert policy.expected_output_tokens(40, {"expected_output_tokens": 5}, off) == 40
 
 
@@ -186,13 +188,20 @@ def test_config_validation_and_settings():
     cfg = PolicyConfig.from_settings(settings)
     assert (cfg.output_weight, cfg.max_wait_s, cfg.lookup_candidates, cfg.output_cap) == (0.5, 12.0, 8, 1024)
     assert PolicyConfig.from_settings(object()) == PolicyConfig()
-    assert set(policy.SETTING_FIELDS.values()) == set(PolicyConfig.__dataclass_fields__)
 
 
-def test_settings_defaults_are_the_policy_defaults():
+def test_the_policy_is_the_one_definition_of_the_scheduler_settings():
+    """Settings nests PolicyConfig: every policy field f is the setting sched_f, with the policy's default."""
     from qwen_vllm_ext.config import Settings
 
-    assert PolicyConfig.from_settings(Settings()) == PolicyConfig()
+    assert PolicyConfig.from_settings(Settings()) == PolicyConfig() == Settings().scheduler
+    names = Settings.field_names()
+    for f in dataclasses.fields(PolicyConfig):
+        assert f"{policy.SETTING_PREFIX}{f.name}" in names
+        assert getattr(Settings(), f"sched_{f.name}") == f.default
+    resolved = Settings.resolve(env={"QWEN_VLLM_EXT_SCHED_MAX_WAIT_S": "12"})
+    assert resolved.scheduler.max_wait_s == 12.0 == resolved.flat()["sched_max_wait_s"]
+    assert Settings.from_flat(json.loads(resolved.to_json())) == resolved  # what child processes read back
 
 
 def test_admission_stats_snapshot_and_drain():
