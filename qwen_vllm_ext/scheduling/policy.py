@@ -272,15 +272,22 @@ def aging_clock(job: Job, config: PolicyConfig) -> float:
     return job.arrival_work if config.work_clock else job.arrival_time
 
 
-def sort_key(job: Job, now: float, config: PolicyConfig, *, epoch: float = 0.0, use_priority: bool = False,
-             fcfs: bool = False, load: float = 1.0) -> tuple:
-    """The full sort tuple: overdue lane (arrival order) < scored lane ((priority), rank key, arrival, seq)."""
-    if is_overdue(job.arrival_time, now, config):
+def lane_key(job: Job, *, overdue: bool, rank: float, use_priority: bool = False, fcfs: bool = False) -> tuple:
+    """The ordering rule, the one place it is written (the vLLM queue sorts by it): overdue requests first in
+    arrival order, then the scored lane by ((priority), rank key, arrival, seq) -- by arrival when ``fcfs``."""
+    if overdue:
         return (0, 0, 0.0, job.arrival_time, job.seq)
     if fcfs:
         return (1, 0, 0.0, job.arrival_time, job.seq)
-    return (1, job.priority if use_priority else 0,
-            rank_key(job.weight(config), aging_clock(job, config), config, epoch, load), job.arrival_time, job.seq)
+    return (1, job.priority if use_priority else 0, rank, job.arrival_time, job.seq)
+
+
+def sort_key(job: Job, now: float, config: PolicyConfig, *, epoch: float = 0.0, use_priority: bool = False,
+             fcfs: bool = False, load: float = 1.0) -> tuple:
+    """:func:`lane_key` of a job at ``now`` (overdue status and rank key computed here)."""
+    return lane_key(job, overdue=is_overdue(job.arrival_time, now, config),
+                    rank=rank_key(job.weight(config), aging_clock(job, config), config, epoch, load),
+                    use_priority=use_priority, fcfs=fcfs)
 
 
 def group_window(items: list, weights: Sequence[float], start: int, config: PolicyConfig) -> list:

@@ -39,7 +39,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, aging_clock, expected_output_tokens, group_window,
-                     half_life, is_overdue, load_factor, rank_key)
+                     half_life, is_overdue, lane_key, load_factor, rank_key, weight)
 
 __all__ = [
     "TokenWeightedRequestQueue",
@@ -60,11 +60,7 @@ class _Entry(Job):
 
 
 def _sort_tuple(e: _Entry, use_priority: bool, fcfs: bool) -> tuple:
-    if e.overdue:
-        return (0, 0, 0.0, e.arrival_time, e.seq)
-    if fcfs:
-        return (1, 0, 0.0, e.arrival_time, e.seq)
-    return (1, e.payload.priority if use_priority else 0, e.rank, e.arrival_time, e.seq)
+    return lane_key(e, overdue=e.overdue, rank=e.rank, use_priority=use_priority, fcfs=fcfs)
 
 
 RERANK_TOLERANCE = 0.02
@@ -128,14 +124,6 @@ class TokenWeightedRequestQueue(RequestQueue):
             self._epoch = arrival
         e.w = e.weight(self.config)
         e.rank = rank_key(e.w, arrival, self.config, self._epoch, self._rank_load)
-
-    def weight_of(self, request: Request) -> float:
-        """The policy weight of ``request`` with its last known cached-prefix estimate."""
-        e = self._members.get(request)
-        if e is not None:
-            return e.weight(self.config)
-        job = Job(request.arrival_time, request.num_tokens, 0, request.max_tokens, _extra_args(request))
-        return job.weight(self.config)
 
     def refresh(self, now: float, max_lookups: int | None = None) -> None:
         """Re-sort the scored lane for the step starting at ``now`` (the only place its order changes).
@@ -408,8 +396,7 @@ class TokenWeightedMixin:
                 continue  # skipped (re-prepended) or handed to an async KV load
             cached = max(request.num_computed_tokens - scheduled[request.request_id], 0)
             expected = expected_output_tokens(request.max_tokens, _extra_args(request), cfg)
-            weights.append(max(request.num_tokens - cached, 0)
-                           + cfg.output_weight * max(expected - request.num_output_tokens, 0))
+            weights.append(weight(request.num_tokens - cached, expected - request.num_output_tokens, cfg))
             overdue += was_overdue
             if request.num_preemptions == 0:
                 waits.append(max(now - request.arrival_time, 0.0))
