@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Generate ``docs/settings.md``, the settings reference, from the settings object itself.
 
-Every row comes from ``qwen_vllm_ext.config.Settings``: the field names and defaults from its dataclass fields,
+Every row comes from ``qwen_vllm_ext.config.Settings`` (its nested scheduler policy, ``PolicyConfig``, as the
+``sched_*`` settings): the field names and defaults from the dataclass fields,
 each field's description from the string literal written under it in the class body (read with ``ast``: attribute
 docstrings do not exist at runtime). A field added to the class shows up here without editing this script.
 
@@ -101,10 +102,15 @@ def format_doc(doc: str) -> str:
     return text.replace("|", "\\|")
 
 
-def rows(cls: type = config.Settings) -> list[str]:
+def rows(cls: type = config.Settings, prefix: str = "") -> list[str]:
+    """One row per setting; the nested scheduler policy (``Settings.scheduler``) as its ``sched_*`` settings,
+    documented in its own class."""
     docs = field_docs(cls)
     out = []
     for f in dataclasses.fields(cls):
+        if not prefix and f.name == config.NESTED_POLICY:
+            out += rows(config.PolicyConfig, prefix=config.SETTING_PREFIX)
+            continue
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -112,9 +118,9 @@ def rows(cls: type = config.Settings) -> list[str]:
         else:
             raise SystemExit(f"setting {f.name!r} has no default")
         if f.name not in docs:
-            raise SystemExit(f"setting {f.name!r} has no description (a string literal under the field in "
-                             f"qwen_vllm_ext/config.py)")
-        out.append(f"| `{f.name}` | `{format_default(default)}` | {format_doc(docs[f.name])} |")
+            raise SystemExit(f"setting {prefix + f.name!r} has no description (a string literal under the field "
+                             f"in {inspect.getsourcefile(cls)})")
+        out.append(f"| `{prefix + f.name}` | `{format_default(default)}` | {format_doc(docs[f.name])} |")
     return out
 
 
