@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
+
+try:
+    import tomllib  # novermin (3.11+; the except branch covers 3.10)
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (a dependency there)
+    import tomli as tomllib
 from pathlib import Path
 from typing import Any
 
