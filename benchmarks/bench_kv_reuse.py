@@ -22,7 +22,7 @@ Thinking on: the reasoning is scripted — the turn's request ends with an assis
 turn is fed back with that reasoning (``reasoning_content``) and the generated answer.
 
 Per turn: prompt tokens, cached tokens (usage of the streamed chunks), computed prefill tokens (prompt − cached),
-TTFT, and the reuse ratio cached ÷ (previous turn's prompt + completion). Targets (issue 7), on the canonical runs:
+TTFT, and the reuse ratio cached ÷ (previous turn's prompt + completion). Targets, on the canonical runs:
 computed prefill tokens ≥ 68% fewer than ``no-cache``; in ``reuse`` mode every turn after the first gets ≥ 90% of the
 previous turn's prompt + completion from cache. Writes benchmarks/results/bench_kv_reuse.json and .png.
 """

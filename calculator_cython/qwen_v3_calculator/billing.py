@@ -1,8 +1,8 @@
 """Billing rules of an OpenRouter-style gateway, in exact decimal arithmetic (no float drift).
 
 Billed units = tokens x weight. Input tokens above a context threshold are multiplied by a context penalty
-(the field report's rule: above 32,768 prompt tokens, ``1 + 0.00015 x (tokens - 32768)``). Cached input tokens
-are billed at their own weight. Optional: system messages not billed (the report's plugin did this), and a
+(default: above 32,768 prompt tokens, ``1 + 0.00015 x (tokens - 32768)``). Cached input tokens
+are billed at their own weight. Optional: system messages not billed (preset ``field-report``), and a
 surcharge (+5%) on a side (input or output) that contains a fenced code block. All weights are Decimals;
 token counts are ints; results are exact Decimals (serialize them as strings).
 """
@@ -90,9 +90,9 @@ class BillingPolicy:
 
 PRESETS = {
     "default": BillingPolicy(),
-    # The field report's OpenRouter plugin: messages counted as "role: content" lines without the chat
-    # template, system messages not billed, penalized input truncated to int; weights 1.0 / 1.35 from its
-    # model_config.
+    # An OpenRouter-style gateway plugin's rules (the name is kept: users select it): messages counted as
+    # "role: content" lines without the chat template, system messages not billed, penalized input truncated to
+    # int; weights 1.0 / 1.35.
     "field-report": BillingPolicy(name="field-report", exclude_system=True, truncate_penalized_tokens=True,
                                   message_counting="role_colon_text"),
     "code-surcharge": BillingPolicy(name="code-surcharge", code_block_surcharge=Decimal("0.05")),

@@ -67,7 +67,7 @@ class Calculator:
     # ---- billing --------------------------------------------------------------------------------
     def calculate_tokens(self, input_text: str = "", output_text: str = "", messages: list | None = None,
                          cached_tokens: int = 0, tools=None, **chat_kwargs) -> dict:
-        """Token counts and billed figures of one request (the field report's plugin signature).
+        """Token counts and billed figures of one request (the signature gateway billing plugins call).
 
         With ``messages`` the prompt is the chat request (``input_text`` is then ignored); otherwise
         ``input_text``. With ``policy.sanitize`` (default) invisible characters are removed first, as the

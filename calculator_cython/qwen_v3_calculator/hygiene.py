@@ -4,8 +4,8 @@ Removed: zero-width characters (U+200B, U+2060, U+FEFF, U+00AD), bidi controls (
 U+2066–U+2069), TAG characters (U+E0000–U+E007F) except inside valid emoji tag sequences (a black flag
 U+1F3F4 followed by tags U+E0020–U+E007E and ended by CANCEL TAG U+E007F, e.g. the flag of Scotland),
 and C0/C1 control characters other than TAB, LF and CR. Kept: ZWJ (U+200D) and ZWNJ (U+200C), which
-change how emoji and Indic/Persian text render. The field report found pasted U+200B making bills
-disagree between layers.
+change how emoji and Indic/Persian text render. Pasted U+200B is otherwise counted by some layers and not
+others, so the bills they compute disagree.
 """
 from __future__ import annotations
 

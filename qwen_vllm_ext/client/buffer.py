@@ -1,4 +1,4 @@
-"""The adaptive streaming buffer of the field report: collect streamed text and hand it on in readable pieces.
+"""An adaptive streaming buffer: collect streamed text and hand it on in readable pieces.
 
 A piece is flushed when the buffer reaches ``clamp(expected_tokens / divisor, min_chars, max_chars)`` characters
 (defaults 16, 256, 4096), or at sentence punctuation / a newline (the text up to and including the last such

@@ -1,4 +1,4 @@
-"""Spike breaker (from the gateway write-up): suspend a key whose 15-minute usage jumps far above its baseline.
+"""Spike breaker: suspend a key whose 15-minute usage jumps far above its baseline.
 
 After each recorded request the key's billed usage over the last 15 minutes (a sliding window in the limiter,
 so every API-server process and replica sees the same sum) is compared with ``spike_factor`` x its baseline:
@@ -10,7 +10,6 @@ incremented and, if configured, ``spike_webhook`` receives a JSON POST.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -83,15 +82,3 @@ class SpikeBreaker:
         if self.factor <= 0 or record.billed_total_micro <= 0:
             return False
         return self.check(key, record.billed_total_micro)
-
-    def observe(self, key, record) -> None:
-        """Ledger callback (event loop): run the check on a worker thread."""
-        if self.factor <= 0 or record.billed_total_micro <= 0:
-            return
-        future = asyncio.get_running_loop().run_in_executor(None, self.check, key, record.billed_total_micro)
-        future.add_done_callback(_log_failure)
-
-
-def _log_failure(future) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        logger.error("qwen-vllm-ext gateway: spike check failed", exc_info=future.exception())

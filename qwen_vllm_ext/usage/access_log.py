@@ -1,7 +1,7 @@
 """Stratified access log: JSON lines that keep the expensive failures (pure Python; a writer thread).
 
-The field report sampled 1% of its access log uniformly and lost exactly the requests that mattered: long,
-failing, token-heavy ones. Strata (rates configurable):
+A uniform 1% sample of an access log loses exactly the requests that matter: the rare long, failing,
+token-heavy ones. Strata (rates configurable):
 
 * ``error``: every response with HTTP status >= 400 or a non-normal finish (disconnect, abort) — rate 1.0;
 * ``slow``: successful responses slower than ``slow_s`` — rate ``slow_rate`` (default 10%);

@@ -54,5 +54,5 @@ def test_baseline_from_yesterdays_aggregate():
 
 def test_factor_zero_turns_it_off():
     sb, keys, _ = breaker(spike_factor=0)
-    sb.observe(KEY, types.SimpleNamespace(billed_total_micro=10**15))  # returns before any work
+    assert sb.observe_sync(KEY, types.SimpleNamespace(billed_total_micro=10**15)) is False  # before any work
     assert keys.suspensions == []
