@@ -469,10 +469,10 @@ def make_impl(name: str, paths: dict):
             return "per_doc_ids", tok.encode, info
     if name == "tiktoken":
         import tiktoken.load
-        from qwen_v3_calculator import VOCAB_FILE
+        from qwen_v3_calculator.vocab import VOCAB_FILE
         info["import_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        # tiktoken's own loader (the parent checked it equals qwen_v3_calculator.bundled_ranks())
+        # tiktoken's own loader (the parent checked it equals qwen_v3_calculator.vocab.bundled_ranks())
         fn = tiktoken_exact(tiktoken.load.load_tiktoken_bpe(VOCAB_FILE))
         fn("hello")
         info["load_s"] = time.perf_counter() - t1
@@ -716,8 +716,8 @@ def _diag_ids(impl: str, doc: str, paths: dict):
         return _DIAG["ours"](doc)
     if impl == "tiktoken":
         if "tt" not in _DIAG:
-            import qwen_v3_calculator
-            _DIAG["tt"] = tiktoken_exact(qwen_v3_calculator.bundled_ranks())
+            from qwen_v3_calculator.vocab import bundled_ranks
+            _DIAG["tt"] = tiktoken_exact(bundled_ranks())
         return _DIAG["tt"](doc)
     if impl == "hf.encode_batch":
         return None
@@ -1023,14 +1023,14 @@ def main(argv=None) -> int:
         f"{sl} {corpus['stats'][sl]['bytes'] / 1e6:.2f} MB/{corpus['stats'][sl]['docs']} docs" for sl in SLICES),
         flush=True)
 
-    from qwen_v3_calculator import VOCAB_FILE, bundled_ranks
+    from qwen_v3_calculator.vocab import VOCAB_FILE, bundled_ranks
     from qwen_v3_calculator.hf_export import write_tokenizer_files
     import tiktoken.load
     tmpdir = tempfile.mkdtemp(prefix="bench_calculator-")
     write_tokenizer_files(tmpdir, "qwen3", chat_template="x")
     ranks_ok = tiktoken.load.load_tiktoken_bpe(VOCAB_FILE) == bundled_ranks()
     if not ranks_ok:
-        log.append("WARNING: tiktoken's loader and qwen_v3_calculator.bundled_ranks() disagree")
+        log.append("WARNING: tiktoken's loader and qwen_v3_calculator.vocab.bundled_ranks() disagree")
     paths = {"tokenizer_json": os.path.join(tmpdir, "tokenizer.json"), "tokenizer_dir": tmpdir}
     corpus_path = os.path.join(tmpdir, "corpus.json")
     with open(corpus_path, "w", encoding="utf-8") as f:

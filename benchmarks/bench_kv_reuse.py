@@ -67,7 +67,7 @@ WORDS = [" the", " cat", " dog", " sat", " on", " mat", " red", " blue", " big",
 
 def word_token_ids() -> list[int]:
     """Ids of single-token words (each re-tokenizes to itself in any sequence: ' word' is its own pre-token)."""
-    from qwen_v3_calculator import Tokenizer
+    from qwen_v3_calculator.tokenizer import Tokenizer
 
     tok = Tokenizer.bundled("qwen3")
     ids = []

@@ -4,15 +4,15 @@
     calculate_tokens(input_text="请分析这份财报的净利润趋势", output_text="...")
     count_chat([{"role": "user", "content": "hi"}])            # 9: exactly vLLM's prompt_tokens
 
-The module-level functions use a default :class:`Calculator` (bundled Qwen3 vocabulary, default billing
-policy), created on first use. The native core (``_core``, compiled with Cython from ``calculator_cython/``)
-holds the hot loops. The bundled vocabulary is the Qwen2/2.5/3 BPE rank file from Alibaba's Apache-2.0
-``dashscope`` package (see ``data/NOTICE``).
+The public surface: ``count_tokens``, ``count_tokens_batch``, ``count_chat``, ``encode``, ``calculate_tokens``
+(a default :class:`Calculator`: bundled Qwen3 vocabulary, default billing policy, created on first use),
+``Calculator`` and ``BillingPolicy``. Behind them: ``tokenizer`` (the exact tokenizer over the compiled engine
+in ``_core``), ``chat`` (vLLM's chat rendering), ``billing``, ``hygiene``, ``vocab`` (the bundled Qwen2/2.5/3
+vocabulary from Alibaba's Apache-2.0 ``dashscope`` package, see ``data/NOTICE``) and ``hf_export``.
 """
 from __future__ import annotations
 
 import functools
-import os
 
 try:
     from . import _core
@@ -24,22 +24,13 @@ except ImportError as exc:  # no silent pure-Python fallback
 
 __version__ = "0.1.0"
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
-VOCAB_FILE = os.path.join(DATA_DIR, "qwen.tiktoken")
-# Number of BPE ranks in the bundled file; ids >= this are added (special) tokens.
-NUM_BASE_TOKENS = 151643
+from .billing import BillingPolicy  # noqa: E402  (after the core check: a clear error comes first)
+from .calculator import Calculator  # noqa: E402
 
 
 @functools.lru_cache(maxsize=1)
-def bundled_ranks() -> dict:
-    """``{token bytes: rank}`` of the bundled Qwen2/2.5/3 vocabulary (rank == token id)."""
-    return _core.load_tiktoken_ranks(VOCAB_FILE)
-
-
-@functools.lru_cache(maxsize=1)
-def default_calculator():
-    from .calculator import Calculator
-
+def default_calculator() -> Calculator:
+    """The calculator behind the module-level functions (bundled Qwen3 vocabulary, default billing policy)."""
     return Calculator()
 
 
@@ -67,26 +58,5 @@ def count_chat(messages, tools=None, template: str = "qwen3", add_generation_pro
                                            enable_thinking=enable_thinking, **template_kwargs)
 
 
-def __getattr__(name):  # lazy: importing the package stays cheap
-    if name == "Calculator":
-        from .calculator import Calculator
-
-        return Calculator
-    if name in ("BillingPolicy", "PRESETS"):
-        from . import billing
-
-        return getattr(billing, name)
-    if name == "Tokenizer":
-        from .tokenizer import Tokenizer
-
-        return Tokenizer
-    if name == "sanitize":
-        from .hygiene import sanitize
-
-        return sanitize
-    raise AttributeError(name)
-
-
-__all__ = ["__version__", "calculate_tokens", "count_tokens", "encode", "count_tokens_batch", "count_chat",
-           "Calculator", "BillingPolicy", "PRESETS", "Tokenizer", "sanitize", "bundled_ranks",
-           "DATA_DIR", "VOCAB_FILE", "NUM_BASE_TOKENS"]
+__all__ = ["count_tokens", "count_tokens_batch", "count_chat", "encode", "calculate_tokens", "Calculator",
+           "BillingPolicy"]

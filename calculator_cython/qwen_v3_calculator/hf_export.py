@@ -14,28 +14,8 @@ import functools
 import json
 from pathlib import Path
 
-from . import NUM_BASE_TOKENS, _core, bundled_ranks
-
-# Pre-tokenizer split regex of Qwen2/2.5/3 (digits one at a time).
-SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-_QWEN25_ADDED = (
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
-    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
-    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True),
-    ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
-)
-# flavor -> ((content, special), ...) with ids NUM_BASE_TOKENS, NUM_BASE_TOKENS + 1, ...
-ADDED_TOKENS = {
-    "qwen2.5": _QWEN25_ADDED,
-    "qwen3": _QWEN25_ADDED + (("<tool_response>", False), ("</tool_response>", False),
-                              ("<think>", False), ("</think>", False)),
-}
+from .tokenizer import QWEN2_PATTERN as SPLIT_PATTERN  # pre-tokenizer split regex of Qwen2/2.5/3
+from .vocab import ADDED_TOKENS, NUM_BASE_TOKENS, bundled_ranks
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,6 +41,22 @@ def vocab_from_ranks(ranks: dict[bytes, int]) -> dict[str, int]:
     return {_to_unicode(tok): r for tok, r in sorted(ranks.items(), key=lambda kv: kv[1])}
 
 
+def _merge_below(token: bytes, ranks: dict[bytes, int], max_rank: int) -> list[bytes]:
+    """Byte-pair merging of ``token`` allowing only merges into tokens of rank < ``max_rank`` (tiktoken's
+    ``_byte_pair_merge``: repeatedly merge the adjacent pair whose merged bytes have the lowest rank)."""
+    parts = [token[i:i + 1] for i in range(len(token))]
+    while len(parts) > 1:
+        best, best_i = max_rank, -1
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and r < best:
+                best, best_i = r, i
+        if best_i < 0:
+            break
+        parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+    return parts
+
+
 def derive_merges(ranks: dict[bytes, int]) -> list[tuple[str, str]]:
     """Merge list in rank order: for every token of >= 2 bytes, the last pair BPE forms it from.
 
@@ -70,7 +66,7 @@ def derive_merges(ranks: dict[bytes, int]) -> list[tuple[str, str]]:
     for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(tok) < 2:
             continue
-        parts = _core.bpe_parts(tok, ranks, rank)
+        parts = _merge_below(tok, ranks, rank)
         assert len(parts) == 2, f"token {tok!r} (rank {rank}) is not a merge of two lower-ranked tokens"
         merges.append((_to_unicode(parts[0]), _to_unicode(parts[1])))
     return merges

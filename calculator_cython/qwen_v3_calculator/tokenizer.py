@@ -27,7 +27,7 @@ except (ImportError, AttributeError) as exc:  # pragma: no cover - depends on th
         "`pip install -e .` in the repository (or run scripts/setup.sh). There is no pure-Python fallback."
     ) from exc
 
-from . import DATA_DIR, NUM_BASE_TOKENS, VOCAB_FILE
+from .vocab import ADDED_TOKENS, DATA_DIR, NUM_BASE_TOKENS, VOCAB_FILE
 
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -109,7 +109,6 @@ class Tokenizer:
     @classmethod
     def bundled(cls, flavor: str = "qwen3") -> "Tokenizer":
         """The bundled Qwen2/2.5/3 vocabulary with ``flavor``'s added tokens and the Qwen2 split rule."""
-        from .hf_export import ADDED_TOKENS
         if flavor not in ADDED_TOKENS:
             raise ValueError(f"unknown flavor {flavor!r}; expected one of {sorted(ADDED_TOKENS)}")
         engine = _bundled_engine().clone()

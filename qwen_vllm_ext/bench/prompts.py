@@ -22,7 +22,7 @@ def corpus_paragraphs() -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=1)
 def _id_to_bytes() -> dict[int, bytes]:
-    from qwen_v3_calculator import bundled_ranks
+    from qwen_v3_calculator.vocab import bundled_ranks
 
     return {rank: tok for tok, rank in bundled_ranks().items()}
 

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from qwen_v3_calculator import NUM_BASE_TOKENS, bundled_ranks, hf_export
+from qwen_v3_calculator import hf_export
+from qwen_v3_calculator.vocab import NUM_BASE_TOKENS, bundled_ranks
 
 OFFICIAL_SHA256 = {
     "vocab.json": "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910",

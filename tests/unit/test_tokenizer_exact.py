@@ -11,7 +11,8 @@ import pytest
 
 import tokenizers
 
-from qwen_v3_calculator import NUM_BASE_TOKENS, hf_export
+from qwen_v3_calculator import hf_export
+from qwen_v3_calculator.vocab import NUM_BASE_TOKENS
 from qwen_v3_calculator.tokenizer import QWEN35_PATTERN, Tokenizer
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
