@@ -34,28 +34,25 @@ _COMMON_NONE = (
     "stream_interval", "echo",  # echo returns the prompt text in the output; usage counts are unchanged
 )
 
+_COMMON: dict[str, str] = {  # fields both request models have, handled alike
+    **dict.fromkeys(_COMMON_NONE, NONE), "model": SCOPE,
+    "add_special_tokens": PROMPT, "truncate_prompt_tokens": PROMPT, "truncation_side": PROMPT,
+    "max_tokens": OUTPUT, "n": OUTPUT, "min_tokens": OUTPUT, "use_beam_search": REJECT, "logprobs": NONE,
+}
+
 CHAT_FIELDS: dict[str, str] = {
-    **dict.fromkeys(_COMMON_NONE, NONE),
-    "model": SCOPE,
+    **_COMMON,
     "messages": PROMPT, "tools": PROMPT, "tool_choice": PROMPT, "reasoning_effort": PROMPT,
     "chat_template_kwargs": PROMPT, "documents": PROMPT, "add_generation_prompt": PROMPT,
-    "continue_final_message": PROMPT, "add_special_tokens": PROMPT, "truncate_prompt_tokens": PROMPT,
-    "truncation_side": PROMPT,
-    "max_tokens": OUTPUT, "max_completion_tokens": OUTPUT, "n": OUTPUT, "min_tokens": OUTPUT,
-    "use_beam_search": REJECT, "chat_template": REJECT,
+    "continue_final_message": PROMPT, "max_completion_tokens": OUTPUT, "chat_template": REJECT,
     # text-only prompts: media parts are refused by the count; these only configure media processing
     "media_io_kwargs": NONE, "mm_processor_kwargs": NONE,
-    "logprobs": NONE, "top_logprobs": NONE, "include_reasoning": NONE, "parallel_tool_calls": NONE,
-    "return_prompt_text": NONE,
+    "top_logprobs": NONE, "include_reasoning": NONE, "parallel_tool_calls": NONE, "return_prompt_text": NONE,
 }
 
 COMPLETION_FIELDS: dict[str, str] = {
-    **dict.fromkeys(_COMMON_NONE, NONE),
-    "model": SCOPE,
-    "prompt": PROMPT, "add_special_tokens": PROMPT, "truncate_prompt_tokens": PROMPT, "truncation_side": PROMPT,
-    "max_tokens": OUTPUT, "n": OUTPUT, "min_tokens": OUTPUT,
-    "use_beam_search": REJECT, "suffix": REJECT, "prompt_embeds": REJECT,
-    "logprobs": NONE,
+    **_COMMON,
+    "prompt": PROMPT, "suffix": REJECT, "prompt_embeds": REJECT,
 }
 
 # /v1/messages (Anthropic): admission counts the chat request vLLM's own converter
