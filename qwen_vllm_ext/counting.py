@@ -26,7 +26,7 @@ def init_state(state, args) -> None:
 
     # the template vLLM serves: the package's prefix-stable one in KV-reuse mode (else from the tokenizer)
     ctx.calculator = calculator_for_model(args.model, getattr(args, "tokenizer", None),
-                                                          template=served_template(args))
+                                          template=served_template(args))
 
 
 def calculator_for_model(model: str | None, tokenizer: str | None = None, template: str | None = None):
@@ -39,7 +39,7 @@ def calculator_for_model(model: str | None, tokenizer: str | None = None, templa
 
 
 def attach(app) -> None:
-    """Add the route; ``init_state`` puts the calculator and served model name on ``app.state``."""
+    """Add the route; ``init_state`` puts the calculator and served model name on the server context."""
     from fastapi import Request
 
     from .context import server_context

@@ -1,4 +1,4 @@
-"""vLLM entry points of qwen-vllm-ext (the only module vLLM's plugin loader imports).
+"""vLLM entry points of qwen-vllm-ext (vLLM's plugin loader reaches them through ``qwen_vllm_ext.plugin``).
 
 * ``register_general`` — group ``vllm.general_plugins``: runs in EVERY vLLM process (API server,
   engine core, workers; children are spawned, so nothing is inherited): checks the vLLM version,
