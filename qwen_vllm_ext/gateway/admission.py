@@ -279,7 +279,7 @@ def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", 
 
 def admit_messages(body: dict, chat_body: dict, key, served: Served, over_cap: str = "reject") -> Admission:
     """An Anthropic ``/v1/messages`` request, counted as the chat request ``chat_body`` that vLLM converts it to
-    (:func:`qwen_vllm_ext.gateway.anthropic.to_chat_body`). The body forwarded to vLLM stays the Anthropic one;
+    (:func:`qwen_vllm_ext.gateway.vllm_requests.to_chat_body`). The body forwarded to vLLM stays the Anthropic one;
     a max_tokens lowered to the key's cap is written back into it. Text is not sanitized here: the count must
     be of the text the engine will see."""
     check_fields(body, "messages", served)

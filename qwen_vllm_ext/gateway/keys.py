@@ -48,8 +48,8 @@ import threading
 import time
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from ..store.redis import connect, safe_url
 from ..store import locations
+from ..store.redis import connect, safe_url
 from ..store.sqlite import Database
 
 log = logging.getLogger(__name__)

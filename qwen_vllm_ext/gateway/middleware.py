@@ -23,7 +23,7 @@ from qwen_v3_calculator.billing import to_micro
 
 from ..context import request_context, server_context
 from ..errors import error_body
-from . import anthropic
+from . import vllm_requests
 from .admission import (GENERATION_PATHS, UNMETERED_POST, Rejection, admit, admit_messages, check_model_scope,
                         duration, parse_body, refusal_reason, strip_hint)
 
@@ -151,7 +151,7 @@ class GatewayMiddleware:
             parsed = parse_body(raw) if inline else await asyncio.to_thread(parse_body, raw)
             over_cap = self.settings.max_tokens_over_cap
             if kind == "messages":  # counted as the chat request vLLM converts it to
-                chat_body = await anthropic.to_chat_body(parsed, scope["app"].state)
+                chat_body = await vllm_requests.to_chat_body(parsed, scope["app"].state)
                 run = lambda: admit_messages(parsed, chat_body, key, served, over_cap=over_cap)  # noqa: E731
             else:
                 run = lambda: admit(parsed, kind, key, served, over_cap=over_cap)  # noqa: E731

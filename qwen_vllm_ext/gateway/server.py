@@ -33,22 +33,11 @@ def attach(app, settings) -> None:
     logger.info("qwen-vllm-ext: gateway on (keys: %s, limiter: %s)", settings.ledger_backend, settings.limiter_backend)
 
 
-def engine_request_fields() -> dict[str, frozenset]:
-    """Field names of the installed vLLM's generation request models (admission refuses a field it does not
-    classify; see :mod:`.request_fields`)."""
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
-    from .anthropic import request_fields as messages_fields
-
-    return {"chat": frozenset(ChatCompletionRequest.model_fields),
-            "completion": frozenset(CompletionRequest.model_fields), "messages": messages_fields()}
-
-
 def init_state(engine_client, state, args) -> None:
     """Put what admission needs to know about the served model on the server context
     (after ``counting.init_state`` has built the calculator)."""
     from ..context import server_context
+    from . import vllm_requests
     from .admission import Served
 
     ctx = server_context(state)
@@ -57,7 +46,7 @@ def init_state(engine_client, state, args) -> None:
         calculator=ctx.calculator,
         max_model_len=engine_client.model_config.max_model_len,
         names=tuple([names] if isinstance(names, str) else names),
-        engine_fields=engine_request_fields(),
+        engine_fields=vllm_requests.request_fields(),
         template_defaults=dict(getattr(args, "default_chat_template_kwargs", None) or {}),
         exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none", False)),
     )

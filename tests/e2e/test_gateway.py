@@ -410,13 +410,13 @@ def test_field_coverage_admission_count_equals_engine_count(request, template):
     templates and every metered route: admitted -> reserved prompt == engine prompt tokens, charge == usage;
     refused -> a named 400."""
     from qwen_vllm_ext.gateway.request_fields import NONE, FIELDS
-    from qwen_vllm_ext.gateway.server import engine_request_fields
+    from qwen_vllm_ext.gateway.vllm_requests import request_fields
 
     server, _ = request.getfixturevalue("gw" if template == "qwen3-reuse" else "gw_stock")
     health = httpx.get(server.base_url + "/qwen_ext/health", timeout=30).json()
     assert health["kv_reuse"]["reuse_template"] is (template == "qwen3-reuse")
     outcomes, covered = run_field_mix(server, seed=18 + len(template), count=450, name=f"mix-{template}")
-    for kind, fields in engine_request_fields().items():  # derived from vLLM's request models themselves
+    for kind, fields in request_fields().items():  # derived from vLLM's request models themselves
         assert fields <= set(FIELDS[kind]), f"{kind}: vLLM request fields the gateway does not classify"
         wanted = {f for f, handling in FIELDS[kind].items() if handling != NONE and f in fields}
         assert wanted <= covered[kind], f"{kind}: fields the mix never sets: {sorted(wanted - covered[kind])}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-from qwen_vllm_ext.gateway import server
+from qwen_vllm_ext.gateway import vllm_requests
 from qwen_vllm_ext.gateway.request_fields import FIELDS, PROMPT
 
 
@@ -16,7 +16,7 @@ def test_every_vllm_request_field_is_classified():
 
 
 def test_the_glue_reads_the_same_fields_the_table_is_checked_against():
-    fields = server.engine_request_fields()
+    fields = vllm_requests.request_fields()
     assert fields["chat"] == frozenset(ChatCompletionRequest.model_fields)
     assert fields["completion"] == frozenset(CompletionRequest.model_fields)
 
@@ -38,20 +38,18 @@ def test_every_anthropic_messages_field_is_classified():
 
     missing = sorted(set(AnthropicMessagesRequest.model_fields) - set(FIELDS["messages"]))
     assert not missing, f"AnthropicMessagesRequest fields the gateway does not classify: {missing}"
-    assert server.engine_request_fields()["messages"] == frozenset(AnthropicMessagesRequest.model_fields)
+    assert vllm_requests.request_fields()["messages"] == frozenset(AnthropicMessagesRequest.model_fields)
 
 
 def test_the_anthropic_glue_targets_exist():
     """The gateway converts /v1/messages with vLLM's own converter and the serving object's probes."""
     import importlib
+    import inspect
 
-    from qwen_vllm_ext.gateway import anthropic
-
-    for target in anthropic.TARGETS:
+    for target in vllm_requests.TARGETS:
         module, cls, attr = target.rsplit(".", 2)
         owner = getattr(importlib.import_module(module), cls)
         if attr.startswith("_merge"):  # an instance attribute set in __init__
-            import inspect
             assert f"self.{attr} =" in inspect.getsource(owner.__init__), target
         else:
             assert callable(getattr(owner, attr)), target

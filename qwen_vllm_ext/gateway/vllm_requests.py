@@ -1,12 +1,14 @@
-"""Glue (the gateway's only touch of vLLM's Anthropic endpoint): a ``/v1/messages`` body as the chat request vLLM
-itself converts it to, so admission counts exactly what the engine will render.
+"""Glue: the gateway's only touch of vLLM -- its request models and its Anthropic endpoint's converter.
 
-vLLM 0.32 serves ``/v1/messages`` by converting the Anthropic request with
-``AnthropicServingMessages.to_chat_completion_request`` and running the chat path on the result. The conversion
-depends on two things the serving object decided at startup: whether inline system messages are merged into the
-leading one (``_merge_inline_system``, probed from the chat template) and which ``reasoning_effort``
-``thinking: {"type": "disabled"}`` maps to (``_get_disabled_thinking_effort``, probed once by rendering). Both are
-read from the live serving object on ``app.state``, so the gateway converts exactly as vLLM does.
+* :func:`request_fields` -- the field names of the installed vLLM's ``ChatCompletionRequest``,
+  ``CompletionRequest`` and ``AnthropicMessagesRequest`` (admission refuses a field its table does not classify).
+* :func:`to_chat_body` -- a ``/v1/messages`` body as the chat request vLLM itself converts it to, so admission
+  counts exactly what the engine will render. vLLM 0.32 serves ``/v1/messages`` by converting the Anthropic
+  request with ``AnthropicServingMessages.to_chat_completion_request`` and running the chat path on the result.
+  The conversion depends on two things the serving object decided at startup: whether inline system messages
+  are merged into the leading one (``_merge_inline_system``, probed from the chat template) and which
+  ``reasoning_effort`` ``thinking: {"type": "disabled"}`` maps to (``_get_disabled_thinking_effort``, probed once
+  by rendering). Both are read from the live serving object on ``app.state``.
 """
 from __future__ import annotations
 
@@ -18,10 +20,15 @@ TARGETS = ("vllm.entrypoints.anthropic.serving.AnthropicServingMessages.to_chat_
            "vllm.entrypoints.anthropic.serving.AnthropicServingMessages._merge_inline_system")
 
 
-def request_fields() -> frozenset:
+def request_fields() -> dict[str, frozenset]:
+    """Field names of the installed vLLM's request models, by admission kind."""
     from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    return frozenset(AnthropicMessagesRequest.model_fields)
+    return {"chat": frozenset(ChatCompletionRequest.model_fields),
+            "completion": frozenset(CompletionRequest.model_fields),
+            "messages": frozenset(AnthropicMessagesRequest.model_fields)}
 
 
 async def to_chat_body(body: dict, app_state) -> dict:
