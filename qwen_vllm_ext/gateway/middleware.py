@@ -38,12 +38,23 @@ OVERHEAD_HEADER = b"x-qwen-gateway-overhead-ms"
 PROMPT_TOKENS_HEADER = "x-qwen-prompt-tokens"  # the admission count of the prompt (== usage.prompt_tokens)
 RESERVED_TOKENS_HEADER = "x-qwen-reserved-tokens"  # reserved against TPM: prompt + the most the engine may generate
 MODELS_PATH = "/v1/models"
+ANTHROPIC_PREFIX = "/v1/messages"  # Anthropic-style routes: errors also carry "type": "error"
 INLINE_BODY_BYTES = 256 << 10  # bodies up to this size are admitted on the event loop
 UNAVAILABLE = object()  # the limiter store failed and limiter_failure=open: admit unmetered
 
 
-def error_payload(code: str, message: str, type_: str = "invalid_request_error", param=None) -> bytes:
-    return json.dumps(error_body(message, code, type_, param)).encode()
+def error_payload(code: str, message: str, type_: str = "invalid_request_error", param=None,
+                  anthropic: bool = False) -> bytes:
+    """OpenAI's error shape; for Anthropic-style routes also ``"type": "error"`` at the top, which Anthropic clients
+    expect (``error.type`` / ``error.message`` are there in both shapes)."""
+    body = error_body(message, code, type_, param)
+    return json.dumps({"type": "error", **body} if anthropic else body).encode()
+
+
+async def reject(send, rej: "Rejection", path: str) -> None:
+    """Answer a request with the rejection's status, error body and headers."""
+    await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param,
+                                                  anthropic=path.startswith(ANTHROPIC_PREFIX)), rej.headers)
 
 
 async def respond(send, status: int, body: bytes, headers: dict | None = None) -> None:
@@ -122,8 +133,7 @@ class GatewayMiddleware:
         try:
             key = await self._authenticate(scope)
         except Rejection as rej:  # (its headers: Retry-After when the key store is unavailable)
-            return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
-                                 rej.headers)
+            return await reject(send, rej, path)
         request = request_context(scope)
         request.api_key_id = key.key_id
         served = server_context(scope["app"]).admission  # the served model's calculator, context, names
@@ -134,15 +144,14 @@ class GatewayMiddleware:
             if scope.get("method") != "POST":
                 return await self.app(scope, receive, send)  # authenticated; nothing to meter
             if path not in UNMETERED_POST and not path.endswith("/render"):
-                return await respond(send, 403, error_payload(
-                    "endpoint_not_allowed", f"{path} is not available through the gateway: it meters "
-                    f"{', '.join(GENERATION_PATHS)}; {refusal_reason(path)}", type_="permission_error"))
+                return await reject(send, Rejection(
+                    403, "endpoint_not_allowed", f"{path} is not available through the gateway: it meters "
+                    f"{', '.join(GENERATION_PATHS)}; {refusal_reason(path)}", type_="permission_error"), path)
             try:  # generates nothing, but names a model: the key's scope still applies
                 raw = await self._read_body(receive)
                 check_model_scope(parse_body(raw), key, served)
             except Rejection as rej:
-                return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
-                                     rej.headers)
+                return await reject(send, rej, path)
             return await self.app(scope, _replay(raw, receive), send)
         try:
             raw = await self._read_body(receive)
@@ -160,8 +169,7 @@ class GatewayMiddleware:
                 admission.body_changed = True
             held = await self._reserve(key, admission)
         except Rejection as rej:
-            return await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param),
-                                 rej.headers)
+            return await reject(send, rej, path)
         request.model = admission.model  # the ledger records the model the engine serves
         body = admission.encoded() if admission.body_changed else raw
         extra = {**held["headers"], PROMPT_TOKENS_HEADER: str(admission.prompt_tokens),

@@ -153,6 +153,7 @@ def test_no_generation_escapes_metering_and_no_secret_leaks(gw):
     r = client.post("/v1/messages", headers=auth, json={"model": SERVED_NAME, "max_tokens": 50, "messages": HI})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     assert r.json()["error"]["code"] == "max_tokens_exceeds_cap"
+    assert r.json()["type"] == "error"  # the Anthropic error shape as well (error.type, error.message)
     r = client.post("/v1/messages", headers=auth, json={"model": SERVED_NAME, "max_tokens": 5, "messages": HI,
                                                         "system": "Be brief.", "thinking": {"type": "disabled"}})
     assert r.status_code == 200 and r.json()["type"] == "message"

@@ -161,3 +161,14 @@ def test_the_rule_for_n_prompt_once_output_n_times(served):
                           streamed=False)
     assert record.usage_tokens == 29  # what usage says; the engine prefilled the prompt once per sample
     assert dataclasses.replace(record, engine_prompt_tokens=0, completion_tokens=0).usage_tokens == 0
+
+
+def test_error_bodies_are_openai_shaped_and_anthropic_shaped_on_messages_routes():
+    import json
+
+    from qwen_vllm_ext.gateway.middleware import error_payload
+
+    plain = json.loads(error_payload("rate_limit_exceeded", "slow down", "tokens"))
+    assert plain == {"error": {"message": "slow down", "type": "tokens", "param": None, "code": "rate_limit_exceeded"}}
+    anthropic = json.loads(error_payload("rate_limit_exceeded", "slow down", "tokens", anthropic=True))
+    assert anthropic == {"type": "error", **plain}
