@@ -184,20 +184,21 @@ def _truncated(count: int, body: dict) -> int:
     return min(count, limit)
 
 
-def count_prompts(body: dict, kind: str, calculator, served: Served | None = None) -> list[int]:
+def count_prompts(body: dict, kind: str, served: Served) -> list[int]:
     """Exact token count of each prompt of the request (one for chat), as the engine will see it."""
+    calculator = served.calculator
     try:
         if kind == "chat":
             if not isinstance(body.get("messages"), list):
                 raise ValueError("'messages' must be a list of message objects")
-            kwargs = template_kwargs(body, served.template_defaults if served else None)
+            kwargs = template_kwargs(body, served.template_defaults)
             for name in ("add_generation_prompt", "continue_final_message"):
                 kwargs[name] = bool(kwargs.get(name, name == "add_generation_prompt"))
             kwargs.pop("documents", None)  # the Qwen templates do not read documents
             kwargs.pop("reasoning_effort", None)  # already turned into enable_thinking, as vLLM does
             count = calculator.count_chat(
                 body["messages"], tools=body.get("tools"), tool_choice=body.get("tool_choice"),
-                exclude_tools_when_tool_choice_none=bool(served and served.exclude_tools_when_tool_choice_none),
+                exclude_tools_when_tool_choice_none=served.exclude_tools_when_tool_choice_none,
                 **kwargs)
             return [_truncated(count, body)]
         prompt = body.get("prompt")
@@ -223,14 +224,14 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_fields(body: dict, kind: str, served: Served | None) -> None:
+def check_fields(body: dict, kind: str, served: Served) -> None:
     """Refuse fields the gateway cannot count (see :mod:`.request_fields`)."""
     rejected = rejected_field(body, kind)
     if rejected:
         name, reason = rejected
         raise Rejection(400, "unsupported_parameter", f"'{name}' is not supported through the gateway: {reason}",
                         param=name)
-    unknown = unknown_fields(body, kind, (served.engine_fields or {}).get(kind) if served else None)
+    unknown = unknown_fields(body, kind, served.engine_fields.get(kind))
     if unknown:
         raise Rejection(400, "unsupported_parameter", f"{unknown} cannot be counted by the gateway: this vLLM reads "
                         "them but the gateway does not know their effect on the prompt yet; leave them out",
@@ -264,7 +265,7 @@ def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", 
         changed = True
     if max_tokens is None and kind == "completion":
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-    prompts = count_prompts(body, kind, served.calculator, served)
+    prompts = count_prompts(body, kind, served)
     longest = max(prompts)
     max_model_len = served.max_model_len
     if longest >= max_model_len:

@@ -57,27 +57,27 @@ def test_scope_names_and_types(served):
 
 def test_reasoning_effort_is_counted_as_vllm_renders_it(served):
     calc = served.calculator
-    base = count_prompts({"messages": HI}, "chat", calc, served)[0]
+    base = count_prompts({"messages": HI}, "chat", served)[0]
     off = calc.count_chat(HI, enable_thinking=False)
     assert off == base + 4  # <think>\n\n</think>\n\n
-    assert count_prompts({"messages": HI, "reasoning_effort": "none"}, "chat", calc, served) == [off]
-    assert count_prompts({"messages": HI, "reasoning_effort": "high"}, "chat", calc, served) == [base]
+    assert count_prompts({"messages": HI, "reasoning_effort": "none"}, "chat", served) == [off]
+    assert count_prompts({"messages": HI, "reasoning_effort": "high"}, "chat", served) == [base]
     # an explicit enable_thinking in chat_template_kwargs wins over reasoning_effort (vLLM sets it only if absent)
     body = {"messages": HI, "reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}
-    assert count_prompts(body, "chat", calc, served) == [base]
+    assert count_prompts(body, "chat", served) == [base]
     # ... and a None there is dropped by vLLM's merge: the template sees no enable_thinking at all
     body = {"messages": HI, "reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": None}}
-    assert count_prompts(body, "chat", calc, served) == [base]
+    assert count_prompts(body, "chat", served) == [base]
 
 
 def test_server_default_template_kwargs_apply_under_the_request_ones(served):
     calc = served.calculator
     off_by_default = dataclasses.replace(served, template_defaults={"enable_thinking": False})
     off = calc.count_chat(HI, enable_thinking=False)
-    assert count_prompts({"messages": HI}, "chat", calc, off_by_default) == [off]
+    assert count_prompts({"messages": HI}, "chat", off_by_default) == [off]
     on = {"messages": HI, "chat_template_kwargs": {"enable_thinking": True}}
-    assert count_prompts(on, "chat", calc, off_by_default) == [off - 4]
-    assert count_prompts({"messages": HI, "reasoning_effort": "low"}, "chat", calc, off_by_default) == [off - 4]
+    assert count_prompts(on, "chat", off_by_default) == [off - 4]
+    assert count_prompts({"messages": HI, "reasoning_effort": "low"}, "chat", off_by_default) == [off - 4]
     # the request's top-level add_generation_prompt wins over the same key in chat_template_kwargs
     merged = template_kwargs({"messages": HI, "chat_template_kwargs": {"add_generation_prompt": False}})
     assert merged["add_generation_prompt"] is True
@@ -87,40 +87,38 @@ def test_continue_final_message_and_generation_prompt(served):
     calc = served.calculator
     conv = [*HI, {"role": "assistant", "content": "hello the"}]
     body = {"messages": conv, "add_generation_prompt": False, "continue_final_message": True}
-    assert count_prompts(body, "chat", calc, served) == [calc.count_chat(conv, add_generation_prompt=False,
+    assert count_prompts(body, "chat", served) == [calc.count_chat(conv, add_generation_prompt=False,
                                                                          continue_final_message=True)]
-    assert count_prompts({"messages": HI, "add_generation_prompt": False}, "chat", calc, served) == [
+    assert count_prompts({"messages": HI, "add_generation_prompt": False}, "chat", served) == [
         calc.count_chat(HI, add_generation_prompt=False)]
     both = {"messages": conv, "continue_final_message": True}  # add_generation_prompt defaults to true
-    assert rejection(count_prompts, both, "chat", calc, served).status == 400
+    assert rejection(count_prompts, both, "chat", served).status == 400
 
 
 def test_tool_choice_none_drops_tools_only_with_the_server_flag(served):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
     body = {"messages": HI, "tools": tools, "tool_choice": "none"}
-    with_tools = count_prompts(body, "chat", served.calculator, served)[0]
+    with_tools = count_prompts(body, "chat", served)[0]
     assert with_tools > 9
     flagged = dataclasses.replace(served, exclude_tools_when_tool_choice_none=True)
-    assert count_prompts(body, "chat", served.calculator, flagged) == [9]
+    assert count_prompts(body, "chat", flagged) == [9]
 
 
 def test_truncation_is_applied_and_minus_one_refused(served):
-    calc = served.calculator
     assert count_prompts({"prompt": "one two three four five six", "truncate_prompt_tokens": 3}, "completion",
-                         calc, served) == [3]
-    assert count_prompts({"messages": HI, "truncate_prompt_tokens": 5}, "chat", calc, served) == [5]
-    assert count_prompts({"messages": HI, "truncate_prompt_tokens": 50}, "chat", calc, served) == [9]
-    rej = rejection(count_prompts, {"messages": HI, "truncate_prompt_tokens": -1}, "chat", calc, served)
+                         served) == [3]
+    assert count_prompts({"messages": HI, "truncate_prompt_tokens": 5}, "chat", served) == [5]
+    assert count_prompts({"messages": HI, "truncate_prompt_tokens": 50}, "chat", served) == [9]
+    rej = rejection(count_prompts, {"messages": HI, "truncate_prompt_tokens": -1}, "chat", served)
     assert (rej.status, rej.code, rej.param) == (400, "unsupported_parameter", "truncate_prompt_tokens")
 
 
 def test_completion_prompt_shapes(served):
-    calc = served.calculator
-    assert count_prompts({"prompt": [[1, 2, 3], [4, 5]]}, "completion", calc, served) == [3, 2]
-    assert count_prompts({"prompt": [1, 2, 3]}, "completion", calc, served) == [3]
-    assert count_prompts({"prompt": ["hi", "hi there"]}, "completion", calc, served) == [1, 2]
+    assert count_prompts({"prompt": [[1, 2, 3], [4, 5]]}, "completion", served) == [3, 2]
+    assert count_prompts({"prompt": [1, 2, 3]}, "completion", served) == [3]
+    assert count_prompts({"prompt": ["hi", "hi there"]}, "completion", served) == [1, 2]
     for bad in ([], [[]], [[1], "x"], [True], None, 3):
-        assert rejection(count_prompts, {"prompt": bad}, "completion", calc, served).code == "invalid_request_error"
+        assert rejection(count_prompts, {"prompt": bad}, "completion", served).code == "invalid_request_error"
 
 
 @pytest.mark.parametrize("kind,field,value", [
