@@ -90,6 +90,12 @@ def _day_start(day: str) -> float:
     return float(calendar.timegm(time.strptime(day, "%Y-%m-%d")))
 
 
+def billed_prompt_tokens(prompt_tokens: int, engine_prompt_tokens: int) -> int:
+    """The prompt tokens billed and charged: usage's count (each prompt once), only when the engine computed the
+    prompt (a request aborted before prefill is not billed for it)."""
+    return prompt_tokens if engine_prompt_tokens else 0
+
+
 @dataclasses.dataclass
 class LedgerRecord:
     """One request as the ledger records it. Billed figures are integer micro-units (units x 10^6)."""
@@ -124,7 +130,7 @@ class LedgerRecord:
         """Prompt + completion tokens as usage and billing count them: each prompt once (also with ``n`` > 1
         parallel samples), and only when the engine computed it; every sample's generated tokens. The gateway
         charges exactly this against TPM."""
-        return (self.prompt_tokens if self.engine_prompt_tokens else 0) + self.completion_tokens
+        return billed_prompt_tokens(self.prompt_tokens, self.engine_prompt_tokens) + self.completion_tokens
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field (also run by the stores before writing)."""

@@ -27,7 +27,7 @@ from qwen_v3_calculator.billing import to_micro
 from ..context import find_request_context
 from ..kv.reuse import conversation_id, tracker as reuse_tracker
 from .accounting import BOOK, CURRENT_HTTP_REQUEST, RequestTotals
-from .ledger import LedgerRecord, LedgerWriteError
+from .ledger import LedgerRecord, LedgerWriteError, billed_prompt_tokens
 
 logger = logging.getLogger("qwen_vllm_ext.usage")
 
@@ -157,7 +157,7 @@ class UsageLedgerMiddleware:
         reasoning = 0
         if final_usage is not None and getattr(final_usage, "completion_tokens_details", None) is not None:
             reasoning = final_usage.completion_tokens_details.reasoning_tokens or 0
-        billed_prompt = totals.prompt_tokens if totals.engine_prompt_tokens else 0
+        billed_prompt = billed_prompt_tokens(totals.prompt_tokens, totals.engine_prompt_tokens)
         bill = self.policy.bill(billed_prompt, totals.completion_tokens,
                                 cached_tokens=min(totals.cached_tokens, billed_prompt))
         request = find_request_context(scope)
