@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..store.redis import connect, safe_url
-from ..store.sqlite import Database, is_busy
+from ..store.sqlite import Database, apply_schema, is_busy
 
 US = 1_000_000
 _SLACK_MS = 60_000   # extra real-time TTL on Redis keys (keys then vanish on their own); semantics never use TTLs
@@ -433,9 +433,7 @@ class SqliteLimiter(_LocalLimiter):
         try:
             self._sql = Database(self.path, synchronous="NORMAL", busy_timeout_s=busy_timeout_s)
             with self._txn():
-                for stmt in _SCHEMA.split(";"):
-                    if stmt.strip():
-                        self._x(stmt)
+                apply_schema(self._sql.conn, _SCHEMA)
                 if not self._x("SELECT 1 FROM sqlite_master WHERE name = 'rl_sum'").fetchone():
                     # a file from before the running sums: build them once from the log
                     self._x(_SUM_TABLE)

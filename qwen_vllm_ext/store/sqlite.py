@@ -25,6 +25,13 @@ from typing import Any
 BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
+def apply_schema(conn: sqlite3.Connection, schema: str) -> None:
+    """Run the ``;``-separated statements of ``schema`` (tables, indexes) inside the caller's transaction."""
+    for stmt in schema.split(";"):
+        if stmt.strip():
+            conn.execute(stmt)
+
+
 def is_busy(exc: sqlite3.Error) -> bool:
     """The error says another connection holds the write lock (retry), not that the store failed."""
     return getattr(exc, "sqlite_errorcode", None) in BUSY_CODES
@@ -84,9 +91,7 @@ class Database:
     def executescript(self, schema: str) -> None:
         """Create tables and indexes (statements separated by ``;``) in one transaction."""
         with self.transaction() as db:
-            for stmt in schema.split(";"):
-                if stmt.strip():
-                    db.execute(stmt)
+            apply_schema(db, schema)
 
     def close(self) -> None:
         with self.lock:

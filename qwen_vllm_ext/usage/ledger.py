@@ -53,7 +53,7 @@ import weakref
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 from ..store.redis import connect
-from ..store.sqlite import Database
+from ..store.sqlite import Database, apply_schema
 
 log = logging.getLogger(__name__)
 
@@ -328,9 +328,7 @@ class SqliteLedgerStore:
         try:
             self._sql = Database(self.path, synchronous="FULL", busy_timeout_s=busy_timeout_s)
             with self._sql.transaction() as db:
-                for stmt in _SCHEMA.split(";"):
-                    if stmt.strip():
-                        db.execute(stmt)
+                apply_schema(db, _SCHEMA)
                 _migrate(db)
         except (sqlite3.Error, OSError) as exc:
             raise LedgerUnavailable(f"cannot open the SQLite ledger {self.path}: {exc}") from exc
