@@ -366,7 +366,7 @@ def usage_counts(kind, response) -> tuple[int, int]:
 def run_field_mix(server, seed, count, name):
     """Send the seeded field mix in chunks of one fresh key each; per request, the admission count must equal
     the engine's prompt tokens; per chunk, the key's TPM window must hold exactly what usage says was used."""
-    from qwen_vllm_ext.bench.field_mix import PATHS, bodies
+    from qwen_vllm_ext.bench.field_mix import PATHS, bodies, fields_set
     from qwen_vllm_ext.gateway.request_fields import FIELDS
 
     outcomes, covered = [], {kind: set() for kind in PATHS}
@@ -378,7 +378,7 @@ def run_field_mix(server, seed, count, name):
             "name": f"{name}-{start}", "tpm": tpm, "rpm": 100000, "max_tokens_cap": 4}).json()
         began, used = time.monotonic(), 0
         for kind, body in mix[start:start + chunk]:
-            covered[kind] |= {f for f in body if f in FIELDS[kind]}
+            covered[kind] |= fields_set(body, FIELDS[kind])
             r = client.post(PATHS[kind], headers=auth(key["key"]), json=body)
             error = r.json().get("error") if r.status_code != 200 else None
             outcomes.append((kind, body, r.status_code, error.get("code") if error else None))
