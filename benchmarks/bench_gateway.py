@@ -455,7 +455,8 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
             limiter.reserve([(f"spike:{key.key_id}", UNBOUNDED, WINDOW_S, 33_600_000)])
             if i < history * 60 // int(WINDOW_S):
                 limiter.reserve([(f"key:{key.key_id}:rpm", 10**9, 60.0, 1), (f"key:{key.key_id}:tpm", 10**12, 60.0, 40)])
-    record = types.SimpleNamespace(engine_prompt_tokens=12, completion_tokens=16, billed_total_micro=33_600_000)
+    record = types.SimpleNamespace(engine_prompt_tokens=12, completion_tokens=16, billed_total_micro=33_600_000,
+                                   usage_tokens=12 + 16)  # what the ledger hands the gateway after a response
 
     async def app(scope, receive, send):
         await receive()
