@@ -442,7 +442,7 @@ def pick_scheduler_cls(vllm_config: Any) -> type[TokenWeightedScheduler]:
 # ---- monkeypatch mode and stats publishing -----------------------------------------------------------
 _MARK = "_qwen_vllm_ext_token_weighted"
 
-# Compatibility guard (qwen_vllm_ext.patches.fingerprints): what install() and the classes above replace or
+# Compatibility guard (qwen_vllm_ext.integration.guard): what install() and the classes above replace or
 # wrap -> fingerprint per vLLM version.
 PATCH_TARGETS = {
     "vllm.config.scheduler:SchedulerConfig.get_scheduler_cls": {"0.32.0": "bd54dad32b43bf04", "0.33.0": "bd54dad32b43bf04"},

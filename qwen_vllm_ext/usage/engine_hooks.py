@@ -23,7 +23,7 @@ from .accounting import BOOK, CURRENT_HTTP_REQUEST, EngineCounts
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "repetition": "stop"}
 _MARK = "_qwen_vllm_ext_usage_hooked"
 
-# Compatibility guard (qwen_vllm_ext.patches.fingerprints): what install() wraps -> fingerprint per vLLM version.
+# Compatibility guard (qwen_vllm_ext.integration.guard): what install() wraps -> fingerprint per vLLM version.
 # Regenerate with `python -m qwen_vllm_ext.patches fingerprints` after checking the code against a new vLLM.
 PATCH_TARGETS = {
     "vllm.v1.engine.output_processor:OutputProcessor.add_request": {"0.32.0": "9a8370d9c58bce88", "0.33.0": "9a8370d9c58bce88"},

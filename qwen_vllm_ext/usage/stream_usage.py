@@ -18,7 +18,7 @@ import json
 
 _MARK = "_qwen_vllm_ext_stream_usage"
 
-# Compatibility guard (qwen_vllm_ext.patches.fingerprints): what install() wraps -> fingerprint per vLLM version.
+# Compatibility guard (qwen_vllm_ext.integration.guard): what install() wraps -> fingerprint per vLLM version.
 PATCH_TARGETS = {
     "vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat.chat_completion_stream_generator": {"0.32.0": "aff6652969097f9c", "0.33.0": "ae89ab49f58f544b"},
     "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion.completion_stream_generator": {"0.32.0": "09ad938f288e54d4", "0.33.0": "ad393d90bf444436"},
