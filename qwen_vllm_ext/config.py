@@ -96,6 +96,10 @@ class Settings:
     """Redis URL for ``limiter_backend=redis`` (defaults to ``ledger_redis_url``)."""
     limiter_failure: str = "closed"
     """When the limiter store fails at runtime: ``closed`` (503, nothing admitted unmetered) or ``open`` (admit)."""
+    require_shared_state: bool = False
+    """This server is one replica of a fleet: refuse to start unless the ledger, the API keys and the limiter live
+    in Redis (per-host SQLite would split every limit and the ledger between replicas; ``python -m
+    qwen_vllm_ext.fleet`` and deploy/kubernetes set it)."""
     global_rpm: int = 0
     """Requests per minute for the whole server (all keys; 0 = unlimited)."""
     global_tpm: int = 0

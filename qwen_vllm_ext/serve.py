@@ -23,6 +23,7 @@ from .config import Settings, SettingsError
 from .hardware import detect_gpus
 from .profiles import ProfileError, check_hardware, profile_names, select_profile, all_profiles
 from .integration.plugin import PLUGIN_NAME
+from .store.locations import shared_state_problem
 
 VLLM_PLUGIN_GROUPS = (
     "vllm.general_plugins",
@@ -156,6 +157,9 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     if settings.idle_sleep_s > 0 and (getattr(args, "api_server_count", None) or 1) > 1:
         raise LaunchError("idle_sleep_s needs a single API-server process (each one would run its own idle timer "
                           "against the shared engine): drop --api-server-count or set idle_sleep_s=0")
+    problem = shared_state_problem(settings)
+    if problem:
+        raise LaunchError(problem)
     if settings.gateway and getattr(args, "api_key", None):
         raise LaunchError("--api-key and the gateway both authenticate: vLLM's check runs first and would reject "
                           "gateway keys. Use gateway keys (`python -m qwen_vllm_ext.keys create`) or drop the gateway")

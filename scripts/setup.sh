@@ -54,7 +54,7 @@ if [ ! -f "$stamp" ] || ! ls "$root"/calculator_cython/qwen_v3_calculator/_core*
   say "installing the project (editable) into $venv"
   rm -f "$venv"/.qwen-vllm-ext-project-*
   log="$home/setup-project.log"
-  "$venv/bin/pip" install --no-build-isolation -e "$root[$flavor,test,bench]" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+  "$venv/bin/pip" install --no-build-isolation -e "$root[$flavor,test,bench,fleet]" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
   drop_broken_wheels
   touch "$stamp"
 fi

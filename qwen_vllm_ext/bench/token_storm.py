@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+import uuid
 from typing import Any
 
 from ..client import APIConnectionError, APIError, AsyncClient, ClientError, RetryPolicy, SSEProtocolError
@@ -179,6 +180,7 @@ class Storm:
         # first turns are prepared before the clock starts (prompt cutting costs CPU)
         self.first_prompts = [self._first_prompt(s) for s in sessions]
         self.field_rng = random.Random(args.seed + 18)
+        self.run_id = uuid.uuid4().hex[:12]  # session ids unique per run (a rerun is not "the same conversation")
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -204,17 +206,21 @@ class Storm:
                     history.append({"role": "user", "content": self.prompts.text(turn.prompt_tokens)})
                 extra, calc_kwargs, rec.n = storm_extras(self.field_rng, self.args.field_mix)
                 rec.prompt_tokens_calc = self.prompts.count_chat(history, **calc_kwargs)
-                reply = await self.send(rec, {"messages": history, **extra})
+                reply = await self.send(rec, {"messages": history, **extra}, self.session_id(s))
                 if reply is None:
                     return
                 history.append({"role": "assistant", "content": reply})
             else:
                 prompt = self.first_prompts[s.index] if k == 0 else self.prompts.text(turn.prompt_tokens)
                 rec.prompt_tokens_calc = self.prompts.count(prompt)
-                if await self.send(rec, {"prompt": prompt}) is None:
+                if await self.send(rec, {"prompt": prompt}, self.session_id(s)) is None:
                     return
 
-    async def send(self, rec: RequestRecord, payload: dict) -> str | None:
+    def session_id(self, s: Session) -> str | None:
+        """The conversation header of a multi-turn session (router affinity + reuse ratio); none for single turns."""
+        return f"storm-{self.run_id}-{s.index}" if len(s.turns) > 1 else None
+
+    async def send(self, rec: RequestRecord, payload: dict, session_id: str | None = None) -> str | None:
         a = self.args
         params: dict[str, Any] = {**payload, "max_tokens": rec.max_tokens,
                                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
@@ -226,7 +232,7 @@ class Storm:
         text: list[str] = []
         rec.sent_at = self.now()
         try:
-            stream = await self.client.request(path, params, a.model, stream=True)
+            stream = await self.client.request(path, params, a.model, stream=True, session_id=session_id)
             rec.headers_at = self.now()
             rec.request_id = stream.request_id
             rec.http_status = stream.status_code

@@ -15,9 +15,10 @@ from .errors import (APIConnectionError, APIError, APITimeoutError, Authenticati
                      ServiceUnavailableError, SSEProtocolError, StreamError, error_from_body, error_from_response)
 from .retry import NO_RETRIES, RetryPolicy, parse_duration, parse_retry_after
 from .sse import SSEEvent, SSEParser, StreamChunk, StreamDecoder
-from ._client import AsyncClient, AsyncStream, Client, Result, Stream, new_request_id
+from ._client import SESSION_HEADER, AsyncClient, AsyncStream, Client, Result, Stream, new_request_id
 
 __all__ = [
+    "SESSION_HEADER",
     "AdaptiveBuffer", "flush_threshold", "APIConnectionError", "APIError", "APITimeoutError", "AuthenticationError",
     "BadRequestError", "ClientError", "ContextLengthExceededError", "IncompleteStreamError",
     "InsufficientQuotaError", "NotFoundError", "PermissionDeniedError", "RateLimitError", "RequestTooLargeError",

@@ -20,6 +20,7 @@ from .sse import StreamChunk, StreamDecoder
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+SESSION_HEADER = "X-Session-ID"  # = qwen_vllm_ext.kv.reuse.SESSION_HEADER (a unit test holds them equal)
 
 
 def new_request_id() -> str:
@@ -66,9 +67,11 @@ class _Base:
         self.on_retry = on_retry
         self.require_done = require_done
 
-    def _headers(self, request_id: str) -> dict:
+    def _headers(self, request_id: str, session_id: str | None = None) -> dict:
         h = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
              "X-Request-ID": request_id, **self.extra_headers}
+        if session_id is not None:  # the conversation: vllm-router's consistent_hash and the reuse tracker read it
+            h[SESSION_HEADER] = session_id
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
         return h
@@ -213,22 +216,23 @@ class Client(_Base):
         super().__init__(base_url, api_key, **options)
         self._http = http_client or httpx.Client(timeout=self.timeout)
 
-    def chat(self, messages: list, model: str | None = None, stream: bool = False, request_id: str | None = None,
-             **params) -> Result | Stream:
-        return self.request(CHAT_PATH, {"messages": messages, **params}, model, stream, request_id)
+    def chat(self, messages: list, model: str | None = None, stream: bool = False,
+             request_id: str | None = None, session_id: str | None = None, **params):
+        return self.request(CHAT_PATH, {"messages": messages, **params}, model, stream, request_id, session_id)
 
-    def completions(self, prompt, model: str | None = None, stream: bool = False, request_id: str | None = None,
-                    **params) -> Result | Stream:
-        return self.request(COMPLETIONS_PATH, {"prompt": prompt, **params}, model, stream, request_id)
+    def completions(self, prompt, model: str | None = None, stream: bool = False,
+                    request_id: str | None = None, session_id: str | None = None, **params):
+        return self.request(COMPLETIONS_PATH, {"prompt": prompt, **params}, model, stream, request_id, session_id)
 
     def request(self, path: str, params: dict, model: str | None = None, stream: bool = False,
-                request_id: str | None = None):
+                request_id: str | None = None, session_id: str | None = None):
         body = self._body(model, params, stream)
         plan = self._plan(body, request_id)
         attempt, use_model, rid = next(plan)
         while True:
             try:
-                return self._once(path, {**body, "model": use_model}, stream, rid, use_model, attempt + 1)
+                return self._once(path, {**body, "model": use_model}, stream, rid, use_model, attempt + 1,
+                                  session_id)
             except (APIError, APIConnectionError) as exc:
                 delay = plan.send(exc)
                 if delay is None:
@@ -236,8 +240,8 @@ class Client(_Base):
                 time.sleep(delay)
                 attempt, use_model, rid = next(plan)
 
-    def _once(self, path, body, stream, rid, model, attempts):
-        req = self._http.build_request("POST", self.base_url + path, json=body, headers=self._headers(rid))
+    def _once(self, path, body, stream, rid, model, attempts, session_id=None):
+        req = self._http.build_request("POST", self.base_url + path, json=body, headers=self._headers(rid, session_id))
         try:
             resp = self._http.send(req, stream=stream)
         except httpx.TransportError as exc:
@@ -274,21 +278,22 @@ class AsyncClient(_Base):
         self._http = http_client or httpx.AsyncClient(timeout=self.timeout)
 
     async def chat(self, messages: list, model: str | None = None, stream: bool = False,
-                   request_id: str | None = None, **params):
-        return await self.request(CHAT_PATH, {"messages": messages, **params}, model, stream, request_id)
+             request_id: str | None = None, session_id: str | None = None, **params):
+        return await self.request(CHAT_PATH, {"messages": messages, **params}, model, stream, request_id, session_id)
 
     async def completions(self, prompt, model: str | None = None, stream: bool = False,
-                          request_id: str | None = None, **params):
-        return await self.request(COMPLETIONS_PATH, {"prompt": prompt, **params}, model, stream, request_id)
+                    request_id: str | None = None, session_id: str | None = None, **params):
+        return await self.request(COMPLETIONS_PATH, {"prompt": prompt, **params}, model, stream, request_id, session_id)
 
     async def request(self, path: str, params: dict, model: str | None = None, stream: bool = False,
-                      request_id: str | None = None):
+                request_id: str | None = None, session_id: str | None = None):
         body = self._body(model, params, stream)
         plan = self._plan(body, request_id)
         attempt, use_model, rid = next(plan)
         while True:
             try:
-                return await self._once(path, {**body, "model": use_model}, stream, rid, use_model, attempt + 1)
+                return await self._once(path, {**body, "model": use_model}, stream, rid, use_model, attempt + 1,
+                                  session_id)
             except (APIError, APIConnectionError) as exc:
                 delay = plan.send(exc)
                 if delay is None:
@@ -296,8 +301,8 @@ class AsyncClient(_Base):
                 await asyncio.sleep(delay)
                 attempt, use_model, rid = next(plan)
 
-    async def _once(self, path, body, stream, rid, model, attempts):
-        req = self._http.build_request("POST", self.base_url + path, json=body, headers=self._headers(rid))
+    async def _once(self, path, body, stream, rid, model, attempts, session_id=None):
+        req = self._http.build_request("POST", self.base_url + path, json=body, headers=self._headers(rid, session_id))
         try:
             resp = await self._http.send(req, stream=stream)
         except httpx.TransportError as exc:

@@ -15,6 +15,7 @@ from .. import __version__, counting, status
 from .._vllm import require_vllm, unsupported_message, version_supported
 from ..config import Settings
 from ..context import install_server_context
+from ..store.locations import shared_state_problem
 from .guard import check_patch
 from .runtime_patches import runtime_patches
 
@@ -103,8 +104,12 @@ class EndpointPlugin:
         async def qwen_ext_health() -> dict:
             return health_report()
 
+        settings = Settings.current()
+        problem = shared_state_problem(settings)
+        if problem:  # plain `vllm serve` with the plugin: the same refusal as the launcher's
+            raise RuntimeError(f"qwen-vllm-ext: {problem}")
         app.include_router(router)
-        ctx = install_server_context(app, Settings.current())
+        ctx = install_server_context(app, settings)
         ctx.attached = True  # a source-patched vLLM's build_app hook then adds nothing
         counting.attach(app)
         _register_collectors()

@@ -5,8 +5,9 @@
 * :func:`launcher_flags` — the vLLM flags the launcher adds for reuse mode.
 * :class:`ReuseTracker` — a bounded LRU (per API-server process) of the previous turn's prompt + completion
   tokens per conversation; ``reuse ratio = cached tokens of this turn / (previous turn's prompt + completion)``.
-* :func:`conversation_id` — the conversation a request belongs to (``x-conversation-id`` header, else the
-  OpenAI ``user`` field).
+* :func:`conversation_id` — the conversation a request belongs to (``x-session-id`` header -- the one
+  vllm-router's ``consistent_hash`` hashes, so one header gives both router affinity and the reuse ratio --, else
+  ``x-conversation-id`` (the older name; the router ignores it), else the OpenAI ``user`` field).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import os
 import re
 import threading
 
-CONVERSATION_HEADER = b"x-conversation-id"
+SESSION_HEADER = b"x-session-id"  # what clients send: vllm-router's consistent_hash hashes it (checked on 0.1.17)
+CONVERSATION_HEADERS = (SESSION_HEADER, b"x-conversation-id")  # first present wins
 VALID_CONVERSATION_ID = re.compile(r"^[A-Za-z0-9._:@~/+=-]{1,128}$")
 MAX_USER_ID_CHARS = 256
 REUSE_TEMPLATE = "qwen3-reuse"
@@ -105,28 +107,38 @@ def served_template(args) -> str | None:
     return REUSE_TEMPLATE
 
 
-def conversation_id(headers, body: dict) -> str | None:
-    """``x-conversation-id`` header (validated by :func:`check_conversation_header` first), else the ``user``
-    field of the body (a non-empty string of at most 256 characters)."""
+def _conversation_header(headers) -> tuple[str, str] | None:
+    """(header name, value) of the first of :data:`CONVERSATION_HEADERS` the request carries."""
+    found = {}
     for k, v in headers or ():
-        if k.lower() == CONVERSATION_HEADER:
-            value = v.decode("latin-1").strip()
-            if VALID_CONVERSATION_ID.match(value):
-                return value
+        name = k.lower()
+        if name in CONVERSATION_HEADERS and name not in found:
+            found[name] = v.decode("latin-1").strip()
+    for name in CONVERSATION_HEADERS:
+        if name in found:
+            return name.decode(), found[name]
+    return None
+
+
+def conversation_id(headers, body: dict) -> str | None:
+    """``x-session-id``, else ``x-conversation-id`` header (validated by :func:`check_conversation_header`
+    first), else the ``user`` field of the body (a non-empty string of at most 256 characters)."""
+    header = _conversation_header(headers)
+    if header is not None and VALID_CONVERSATION_ID.match(header[1]):
+        return header[1]
     user = body.get("user") if isinstance(body, dict) else None
     if isinstance(user, str) and 0 < len(user) <= MAX_USER_ID_CHARS:
         return user
     return None
 
 
-def check_conversation_header(headers) -> str | None:
-    """An error message when an ``x-conversation-id`` header is present but malformed, else ``None``."""
-    for k, v in headers or ():
-        if k.lower() == CONVERSATION_HEADER:
-            value = v.decode("latin-1").strip()
-            if not VALID_CONVERSATION_ID.match(value):
-                return ("x-conversation-id must be 1-128 characters from A-Z a-z 0-9 . _ : @ ~ / + = - "
-                        f"(got {len(value)} characters)")
+def check_conversation_header(headers) -> tuple[str, str] | None:
+    """(error message, header name) when the conversation header read by :func:`conversation_id` is malformed,
+    else ``None``."""
+    header = _conversation_header(headers)
+    if header is not None and not VALID_CONVERSATION_ID.match(header[1]):
+        return (f"{header[0]} must be 1-128 characters from A-Z a-z 0-9 . _ : @ ~ / + = - "
+                f"(got {len(header[1])} characters)"), header[0]
     return None
 
 

@@ -1,7 +1,7 @@
 """vLLM glue of the KV-reuse capability (API-server process): the only module here that touches vLLM.
 
 * :class:`KvMiddleware` (pure ASGI, inside the usage ledger so its rejections are recorded): rejects a malformed
-  ``x-conversation-id`` with an OpenAI-shaped 400, and — with ``idle_sleep_s > 0`` — holds each engine request
+  ``x-session-id``/``x-conversation-id`` with an OpenAI-shaped 400, and — with ``idle_sleep_s > 0`` — holds each engine request
   in the :class:`~.sleep.IdleSleeper` (a request arriving while the engine sleeps waits for the wake).
 * :func:`init_state`: binds the sleeper to vLLM's ``engine_client.sleep(level=1, mode="wait")`` /
   ``wake_up()`` and starts its timer. Sleep mode needs ``--enable-sleep-mode`` (the launcher adds it) and a
@@ -77,8 +77,8 @@ class KvMiddleware:
             return await self.app(scope, receive, send)
         problem = reuse.check_conversation_header(scope.get("headers"))
         if problem is not None:
-            return await _send_json(send, 400, error_body(problem, "invalid_conversation_id",
-                                                          param="x-conversation-id"))
+            message, header = problem
+            return await _send_json(send, 400, error_body(message, "invalid_conversation_id", param=header))
         sleeper = _SLEEPER
         if sleeper is None:
             return await self.app(scope, receive, send)

@@ -37,3 +37,21 @@ def limiter(settings) -> Location:
     if settings.limiter_backend == "memory":
         return Location("memory", "")
     return Location(settings.limiter_backend, os.path.join(settings.data_dir, LIMITER_FILE))
+
+
+def shared_state_problem(settings) -> str | None:
+    """Why these settings do not give every replica of a fleet the same keys, limits and ledger (``None`` when they
+    do, or when ``require_shared_state`` is off). The launcher refuses to start with it; so does the plugin."""
+    if not settings.require_shared_state:
+        return None
+    wrong = []
+    for name, loc in (("ledger_backend (ledger and API keys)", ledger(settings)), ("limiter_backend", limiter(settings))):
+        if loc.backend != "redis":
+            wrong.append(f"{name} is {loc.backend}")
+        elif not loc.target:
+            wrong.append(f"{name} is redis without a URL")
+    if not wrong:
+        return None
+    return ("require_shared_state is on (a replica of a fleet) but " + "; ".join(wrong) + ": per-host state would "
+            "split limits, keys and the ledger between replicas. Set ledger_backend=redis, limiter_backend=redis and "
+            "ledger_redis_url=redis://HOST:6379/0 (or turn require_shared_state off for a single server)")

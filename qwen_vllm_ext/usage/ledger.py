@@ -66,7 +66,8 @@ _MAX_INT = 2**63 - 1
 DAILY_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "billed_micro")
 TOTAL_FIELDS = ("requests", "prompt_tokens", "engine_prompt_tokens", "cached_tokens", "completion_tokens",
                 "reasoning_tokens", "billed_micro")
-REPORT_BY = {"key": "api_key_id", "model": "model", "day": "day"}
+REPORT_BY = {"key": "api_key_id", "model": "model", "day": "day", "instance": "instance_id"}
+# ``instance`` (the replica, for a fleet sharing one Redis ledger) is not in the daily aggregates: read off records.
 
 
 class LedgerUnavailable(RuntimeError):
@@ -119,7 +120,7 @@ class LedgerRecord:
     latency_s: float
     streamed: bool
     api_key_id: str | None = None
-    conversation_id: str | None = None  # x-conversation-id header or the `user` field (KV-reuse tracking)
+    conversation_id: str | None = None  # x-session-id / x-conversation-id header or the `user` field (KV reuse)
     reuse_ratio: float | None = None  # cached tokens / previous turn's prompt + completion of the conversation
 
     def __post_init__(self) -> None:
@@ -207,7 +208,7 @@ def _report_rows(by: str, groups: dict[str, dict[str, int]]) -> list[dict[str, A
 def _report_from_records(by: str, records: Iterable[LedgerRecord]) -> list[dict[str, Any]]:
     groups: dict[str, dict[str, int]] = {}
     for r in records:
-        k = {"key": r.api_key_id or "", "model": r.model, "day": r.day}[by]
+        k = {"key": r.api_key_id or "", "model": r.model, "day": r.day, "instance": r.instance_id}[by]
         g = groups.setdefault(k, dict.fromkeys(DAILY_FIELDS, 0))
         g["requests"] += 1
         g["prompt_tokens"] += r.prompt_tokens
@@ -232,6 +233,11 @@ def _report_from_daily(by: str, daily_rows: Iterable[dict[str, Any]], since: flo
 
 def _midnight(ts: float | None) -> bool:
     return ts is None or ts % 86400 == 0
+
+
+def _from_daily(by: str, since: float | None, until: float | None) -> bool:
+    """Whether the exact daily aggregates answer this report (whole UTC days, grouped by a daily column)."""
+    return by != "instance" and _midnight(since) and _midnight(until)
 
 
 def _check_by(by: str) -> None:
@@ -391,7 +397,7 @@ class SqliteLedgerStore:
 
     def report(self, by="key", since=None, until=None) -> list[dict[str, Any]]:
         _check_by(by)
-        if _midnight(since) and _midnight(until):      # whole UTC days: the exact daily aggregates suffice
+        if _from_daily(by, since, until):
             return _report_from_daily(by, self._daily_rows(), since, until)
         return _report_from_records(by, self.records(since, until))
 
@@ -515,7 +521,7 @@ class RedisLedgerStore:
 
     def report(self, by="key", since=None, until=None) -> list[dict[str, Any]]:
         _check_by(by)
-        if _midnight(since) and _midnight(until):
+        if _from_daily(by, since, until):
             return _report_from_daily(by, self._daily_rows(), since, until)
         return _report_from_records(by, self.records(since, until))
 

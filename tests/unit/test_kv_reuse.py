@@ -79,8 +79,17 @@ def test_conversation_id_from_header_or_user_field():
     assert reuse.conversation_id([], {"user": 7}) is None
     assert reuse.conversation_id([], {}) is None
     assert reuse.check_conversation_header(h) is None
-    assert "x-conversation-id must be" in reuse.check_conversation_header([(b"x-conversation-id", b"bad id!")])
+    assert reuse.check_conversation_header([(b"x-conversation-id", b"bad id!")])[0].startswith("x-conversation-id must be")
     assert reuse.check_conversation_header([(b"x-conversation-id", b"a" * 129)]) is not None
+
+
+def test_session_header_wins_it_is_the_one_the_router_hashes():
+    both = [(b"x-conversation-id", b"old-name"), (b"X-Session-Id", b"sess-1")]
+    assert reuse.conversation_id(both, {"user": "u"}) == "sess-1"
+    assert reuse.conversation_id([(b"x-session-id", b"s")], {}) == "s"
+    assert reuse.check_conversation_header([(b"x-session-id", b"bad id!")]) == (
+        reuse.check_conversation_header([(b"x-session-id", b"bad id!")])[0], "x-session-id")
+    assert reuse.check_conversation_header([(b"x-session-id", b"bad id!")])[0].startswith("x-session-id must be")
 
 
 def test_reuse_tracker_ratio_and_lru_bound():
@@ -375,3 +384,12 @@ def test_conversation_columns_round_trip_in_both_stores(backend, tmp_path, reque
         assert store.get("t2").reuse_ratio == 0.9375
     finally:
         store.close()
+
+
+def test_client_sends_the_session_header_the_tracker_reads():
+    from qwen_vllm_ext.client import SESSION_HEADER, Client
+
+    assert SESSION_HEADER.lower().encode() == reuse.SESSION_HEADER
+    headers = Client("http://x")._headers("rid-1", "conv-9")
+    assert reuse.conversation_id([(k.encode(), v.encode()) for k, v in headers.items()], {}) == "conv-9"
+    assert SESSION_HEADER not in Client("http://x")._headers("rid-1")

@@ -163,7 +163,8 @@ def test_totals_by_status_instance_and_since(store):
 
 
 def _report(by, recs):
-    field = {"key": lambda r: r.api_key_id or "", "model": lambda r: r.model, "day": lambda r: r.day}[by]
+    field = {"key": lambda r: r.api_key_id or "", "model": lambda r: r.model, "day": lambda r: r.day,
+             "instance": lambda r: r.instance_id}[by]
     out = {}
     for r in recs:
         g = out.setdefault(field(r), {by: field(r), "requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
@@ -175,7 +176,7 @@ def _report(by, recs):
     return [out[k] for k in sorted(out)]
 
 
-@pytest.mark.parametrize("by", ["key", "model", "day"])
+@pytest.mark.parametrize("by", ["key", "model", "day", "instance"])
 def test_report(store, by):
     recs = [make(f"p-{i}", i) for i in range(2000)]
     store.write_batch(recs)
