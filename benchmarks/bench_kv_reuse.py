@@ -112,11 +112,12 @@ def chat_turn(client: httpx.Client, body: dict, headers: dict) -> dict:
 
 def run_conversation(base_url: str, conv_id: str, *, thinking: bool, feedback: str, preserve: bool | None = None,
                      turns: int = 10, max_tokens: int = 32, seed: int = 0, word_ids: list[int] | None = None,
-                     timeout: float = 120.0) -> list[dict]:
+                     timeout: float = 120.0, headers: dict | None = None) -> list[dict]:
     """Drive one scripted conversation; returns one dict per turn (see :func:`chat_turn`) plus ``prev_tokens``
     (previous turn's prompt + completion), ``lcp`` (common token prefix of the previous turn's prompt + generated
     ids with this prompt) and ``prev_prompt_tokens``. ``preserve``: send ``preserve_thinking`` (None: leave the
-    server default)."""
+    server default). The conversation id goes in ``x-session-id`` (what vllm-router hashes and the reuse tracker
+    reads); ``headers`` are added to every request (e.g. Authorization)."""
     messages = [{"role": "system", "content": SYSTEM}]
     out: list[dict] = []
     template_kwargs = {"enable_thinking": thinking}
@@ -135,7 +136,7 @@ def run_conversation(base_url: str, conv_id: str, *, thinking: bool, feedback: s
                 body.update(add_generation_prompt=False, continue_final_message=True)
             if feedback == "canonical":
                 body["allowed_token_ids"] = [*(word_ids or word_token_ids()), IM_END]
-            turn = chat_turn(client, body, {"x-conversation-id": conv_id})
+            turn = chat_turn(client, body, {"x-session-id": conv_id, **(headers or {})})
             answer = CANNED[t % len(CANNED)] if feedback == "canned" else turn["text"]
             assistant = {"role": "assistant", "content": answer}
             if thinking:

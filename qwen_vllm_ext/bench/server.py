@@ -92,3 +92,106 @@ class ServeProcess:
             pass
         if not self._log.closed:
             self._log.close()
+
+
+def free_port_block(n: int, tries: int = 200) -> int:
+    """The first of ``n`` consecutive free loopback ports (a fleet uses port .. port + replicas + 2)."""
+    import random
+
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - n)
+        ok = True
+        for port in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no {n} consecutive free loopback ports found")
+
+
+class FleetProcess:
+    """``python -m qwen_vllm_ext.fleet --replicas N`` (router + replicas [+ local Redis]) on a free block of loopback
+    ports, for the end-to-end tests and benchmarks. ``fleet_args`` go to the fleet command, ``serve_args`` (after
+    ``--``) to every replica. :meth:`stop` sends SIGTERM to the fleet command only: stopping its children is the
+    fleet's job (the tests check it did)."""
+
+    def __init__(self, replicas: int, log_path: str | os.PathLike, data_dir: str | os.PathLike, *,
+                 fleet_args: Sequence[str] = (), serve_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 cwd: str | os.PathLike | None = None) -> None:
+        self.replicas = replicas
+        self.port = free_port_block(replicas + 3)
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.replica_urls = [f"http://127.0.0.1:{self.port + 1 + i}" for i in range(replicas)]
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "qwen_vllm_ext.fleet", "--replicas", str(replicas), "--port", str(self.port),
+             "--data-dir", str(data_dir), *fleet_args, "--", *serve_args],
+            cwd=cwd, env=dict(env) if env is not None else None, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def log_tail(self, n: int = 80) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 900.0) -> float:
+        """Seconds until the fleet printed ``fleet ready`` (router and every replica healthy)."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"the fleet command exited with {self.proc.returncode} "
+                                       f"(log {self.log_path}):\n{self.log_tail()}")
+            with open(self.log_path, errors="replace") as f:
+                if "fleet ready:" in f.read():
+                    return time.monotonic() - start
+            time.sleep(1.0)
+        self.stop()
+        raise ServerStartError(f"the fleet was not ready after {timeout:.0f}s (log {self.log_path}):\n"
+                               f"{self.log_tail()}")
+
+    def pids(self) -> set[int]:
+        """The fleet command and every process below it (replicas, engine cores, router, local Redis)."""
+        import psutil
+
+        try:
+            parent = psutil.Process(self.proc.pid)
+            return {self.proc.pid, *(c.pid for c in parent.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def stop(self, timeout: float = 120.0) -> int | None:
+        """SIGTERM to the fleet command; its exit status (None if it had to be killed). Idempotent."""
+        code = self.proc.poll()
+        if code is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                code = self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                code = None
+        if not self._log.closed:
+            self._log.close()
+        return code
+
+
+def alive(pids) -> list[int]:
+    """The processes of ``pids`` still running (zombies count as gone)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

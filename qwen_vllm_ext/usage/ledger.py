@@ -29,8 +29,9 @@ may be lost by a crash -- do not acknowledge it to anyone.
 transient (Redis connection/timeout, SQLite "database is locked", OS errors). If it still fails, the records
 are appended to the local spill file ``<spill_dir>/ledger-spill-<pid>.jsonl`` (fsynced) and their futures
 fail with :class:`LedgerWriteError` (``.spilled_to`` names the file, or is ``None`` if even the spill
-failed). Records are never dropped silently: call :meth:`LedgerWriter.replay_spill` at startup (each
-process may; files are claimed by rename) to re-submit every spilled record; thanks to idempotency a record
+failed). Records are never dropped silently: the writer replays its own spill file as soon as the store takes a
+batch again (or, idle, every ``replay_interval_s``), and :meth:`LedgerWriter.replay_spill` at startup (each
+process may; files are claimed by rename) re-submits what a dead process spilled; thanks to idempotency a record
 that did reach the store before the failure is not counted twice.
 """
 from __future__ import annotations
@@ -566,8 +567,11 @@ class LedgerWriter:
 
     def __init__(self, store: LedgerStore, batch_max: int = 256, linger_s: float = 0.005,
                  spill_dir: str | None = None, retries: int = 4, backoff_s: float = 0.05,
-                 on_batch: Callable[[float, list[LedgerRecord]], None] | None = None):
+                 on_batch: Callable[[float, list[LedgerRecord]], None] | None = None,
+                 replay_interval_s: float = 5.0):
         self.store, self.batch_max, self.linger_s = store, batch_max, linger_s
+        self.replay_interval_s = replay_interval_s
+        self._spill_pending = False  # this process spilled records it has not replayed yet
         self.retries, self.backoff_s, self.on_batch = retries, backoff_s, on_batch
         if spill_dir is None:
             spill_dir = getattr(store, "default_spill_dir", None)
@@ -630,7 +634,11 @@ class LedgerWriter:
     # -- writer thread ------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            item = self._q.get()
+            try:
+                item = self._q.get(timeout=self.replay_interval_s if self._spill_pending else None)
+            except queue.Empty:            # idle with records spilled: try the store again
+                self._replay_own_spill()
+                continue
             if item is _STOP:
                 return
             batch, stop = [item], False
@@ -644,8 +652,9 @@ class LedgerWriter:
                     stop = True
                     break
                 batch.append(nxt)
+            committed = False
             try:
-                self._commit(batch)
+                committed = self._commit(batch)
             except BaseException:          # never let the thread die with futures pending
                 log.exception("ledger writer: unexpected error")
                 for _, fut in batch:
@@ -655,8 +664,31 @@ class LedgerWriter:
                 self._cond.notify_all()
             if stop:
                 return
+            if committed and self._spill_pending:  # the store is back: replay what this process spilled
+                self._replay_own_spill()
 
-    def _commit(self, batch: list[tuple[LedgerRecord, concurrent.futures.Future]]) -> None:
+    def _replay_own_spill(self) -> None:
+        """On the writer thread: commit this process's spill file (claimed by rename first, so a concurrent
+        startup replay cannot take it too). Records that fail again are spilled again; none is dropped."""
+        self._spill_pending = False
+        path = self.spill_path
+        claimed = f"{path[:-6]}.claimed-{os.getpid()}-{time.monotonic_ns()}.jsonl"
+        try:
+            os.rename(path, claimed)
+        except FileNotFoundError:
+            return
+        records = _read_jsonl(claimed)
+        replayed = 0
+        for i in range(0, len(records), self.batch_max):
+            chunk = [(r, concurrent.futures.Future()) for r in records[i:i + self.batch_max]]
+            if self._commit(chunk):
+                replayed += len(chunk)
+        os.unlink(claimed)
+        log.warning("ledger: the store is reachable again; replayed %d of %d spilled record(s)%s", replayed,
+                    len(records), "" if replayed == len(records) else f" (the rest spilled again to {path})")
+
+    def _commit(self, batch: list[tuple[LedgerRecord, concurrent.futures.Future]]) -> bool:
+        """Write a batch (retries with backoff, then spill); True when the store took it."""
         valid = []
         for record, fut in batch:          # a record that can never be written fails alone, unspilled
             try:
@@ -666,7 +698,7 @@ class LedgerWriter:
                 self.failed_total += 1
                 _resolve(fut, exc=exc if isinstance(exc, ValueError) else ValueError(str(exc)))
         if not valid:
-            return
+            return False
         batch, records = valid, [r for r, _ in valid]
         transient = getattr(self.store, "transient_errors", (OSError,))
         for attempt in range(self.retries + 1):
@@ -682,9 +714,10 @@ class LedgerWriter:
                 error = exc
             else:
                 self._committed(time.monotonic() - t0, batch, results)
-                return
+                return True
             break
         self._fail(batch, error)
+        return False
 
     def _committed(self, latency: float, batch, results: list[bool]) -> None:
         self.last_batch_latency_s, self.last_batch_size = latency, len(batch)
@@ -708,8 +741,10 @@ class LedgerWriter:
         try:
             _append_jsonl(path, records)
             self.spilled_total += len(batch)
-            log.error("ledger: %d record(s) could not be written to %s (%s); spilled to %s -- they are "
-                      "replayed at the next start", len(batch), getattr(self.store, "url", "?"), error, path)
+            self._spill_pending = True
+            log.error("ledger: %d record(s) could not be written to %s (%s); spilled to %s -- replayed when the "
+                      "store answers again (or at the next start)", len(batch), getattr(self.store, "url", "?"),
+                      error, path)
         except OSError as spill_exc:
             log.critical("ledger: %d record(s) could not be written (%s) NOR spilled to %s (%s): %s",
                          len(batch), error, path, spill_exc, [r.to_dict() for r in records])

@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -295,10 +296,9 @@ def test_writer_spills_on_outage_and_replay_loses_nothing(target, tmp_path):
             assert err.value.spilled_to == w.spill_path
         assert w.failed_total == w.spilled_total == 60
         assert len(open(w.spill_path).readlines()) == 60
-        recover()
-        assert w.submit(make("s-after", 7)).result(10) is True   # the same writer recovers by itself
-        w.close(10)
+        w.close(10)  # the process dies during the outage, its spill file stays
         store.close()
+        recover()
         # "restart": a new store and writer replay the spill file
         store = SqliteLedgerStore(location) if server is None else RedisLedgerStore(location)
         w = LedgerWriter(store, spill_dir=str(spill))
@@ -306,7 +306,7 @@ def test_writer_spills_on_outage_and_replay_loses_nothing(target, tmp_path):
         assert os.listdir(spill) == []
         assert w.replay_spill() == 0
         w.close(10)
-        everything = first + second[:50] + [make("s-after", 7)]
+        everything = first + second[:50]
         assert store.totals() == expected_totals(everything)
         assert store.report("day") == _report("day", everything)
         store.close()
@@ -316,6 +316,37 @@ def test_writer_spills_on_outage_and_replay_loses_nothing(target, tmp_path):
         else:
             locker.close()
 
+
+
+@pytest.mark.parametrize("trigger", ["next-record", "idle"])
+def test_the_same_writer_replays_its_spill_when_redis_is_back(tmp_path, trigger):
+    """Redis stops and starts while the server keeps running: the records spilled meanwhile reach the store
+    without a restart -- with the next committed batch, or on the idle timer when no request comes."""
+    server = RedisServer().start()
+    try:
+        store = RedisLedgerStore(server.url)
+        w = LedgerWriter(store, retries=1, backoff_s=0.01, spill_dir=str(tmp_path), replay_interval_s=0.5)
+        assert w.submit(make("r-0", 0)).result(10) is True
+        server.stop(kill=True)
+        spilled = [make(f"r-{i}", i) for i in range(1, 21)]
+        for f in [w.submit(r) for r in spilled]:
+            with pytest.raises(LedgerWriteError):
+                f.result(30)
+        server.start()
+        extra = []
+        if trigger == "next-record":
+            extra = [make("r-after", 99)]
+            assert w.submit(extra[0]).result(10) is True
+        deadline = time.monotonic() + 20
+        while store.totals()["requests"] < 21 + len(extra):
+            assert time.monotonic() < deadline, f"spilled records not replayed: {store.totals()['requests']}"
+            time.sleep(0.1)
+        assert store.totals() == expected_totals([make("r-0", 0), *spilled, *extra])
+        assert os.listdir(tmp_path) == [] and w.replay_spill() == 0
+        w.close(10)
+        store.close()
+    finally:
+        server.cleanup()
 
 KILL_CHILD = textwrap.dedent("""
     import sys, threading, time
