@@ -1,4 +1,4 @@
-"""GPU detection through ``nvidia-smi`` (pure Python; no CUDA, torch or vLLM import).
+"""GPU detection through ``nvidia-smi``, and splitting CPU cores (pure Python; no CUDA, torch or vLLM import).
 
 ``QWEN_VLLM_EXT_NVIDIA_SMI`` names the binary to run (default ``nvidia-smi`` on PATH), which is also how
 tests fake a GPU.
@@ -58,3 +58,15 @@ def detect_gpus(environ=None) -> list[GPU]:
         wanted = [int(v) for v in visible.split(",") if v.strip()]
         gpus = [g for g in gpus if g.index in wanted]
     return gpus
+
+
+def split_cores(cores, n: int) -> list[list[int]]:
+    """``cores`` (sorted) in ``n`` contiguous, nearly equal parts -- one per replica or data-parallel engine."""
+    cores = sorted(cores)
+    size, extra = divmod(len(cores), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        out.append(cores[start:end])
+        start = end
+    return out

@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from . import status
 from ._vllm import VLLMMissing, require_vllm
 from .config import Settings, SettingsError
-from .hardware import detect_gpus
+from .hardware import detect_gpus, split_cores
 from .profiles import ProfileError, check_hardware, profile_names, select_profile, all_profiles
 from .integration.plugin import PLUGIN_NAME
 from .store.locations import shared_state_problem
@@ -154,6 +154,11 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     if args.model_tag is not None:
         args.model = args.model_tag
     validate_parsed_serve_args(args)
+    binding = cpu_dp_binding(profile, args, environ)
+    if binding:
+        env_updates["VLLM_CPU_OMP_THREADS_BIND"] = binding
+        if export:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
     if settings.idle_sleep_s > 0 and (getattr(args, "api_server_count", None) or 1) > 1:
         raise LaunchError("idle_sleep_s needs a single API-server process (each one would run its own idle timer "
                           "against the shared engine): drop --api-server-count or set idle_sleep_s=0")
@@ -164,6 +169,21 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
         raise LaunchError("--api-key and the gateway both authenticate: vLLM's check runs first and would reject "
                           "gateway keys. Use gateway keys (`python -m qwen_vllm_ext.keys create`) or drop the gateway")
     return args, final, env_updates, profile, settings
+
+
+def cpu_dp_binding(profile, args, environ) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` giving each data-parallel engine of a CPU server its own cores ("0|1").
+
+    vLLM's automatic binding (vllm-cpu 0.32.0) pins every DP engine core of a one-NUMA-node host to the same cores
+    (measured: both engines on core 0 with ``--data-parallel-size 2`` on 2 cores), so DP there adds no compute.
+    None when not on CPU, without data parallel, when the user set the variable, or with fewer cores than engines."""
+    dp = getattr(args, "data_parallel_size", 1) or 1
+    if profile.device != "cpu" or dp < 2 or "VLLM_CPU_OMP_THREADS_BIND" in environ:
+        return None
+    cores = os.sched_getaffinity(0)
+    if len(cores) < dp:
+        return None
+    return "|".join(",".join(map(str, part)) for part in split_cores(cores, dp))
 
 
 def kv_flags(settings, profile, model: str, given: set[str], print_only: bool = False, announce: bool = False) -> list[str]:

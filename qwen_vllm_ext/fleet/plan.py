@@ -19,6 +19,8 @@ import os
 import shlex
 from collections.abc import Sequence
 
+from ..hardware import split_cores
+
 DEFAULT_POLICY = "consistent_hash"
 """Conversation affinity: vllm-router 0.1.17's ``consistent_hash`` hashes the ``x-session-id`` header (it
 outranks ``x-request-id``; the body's ``user`` and ``x-conversation-id`` are not used)."""
@@ -173,17 +175,6 @@ def check(config: FleetConfig) -> None:
     tensor_parallel_size(config.serve_args)
 
 
-def _chunks(items: Sequence, n: int) -> list[list]:
-    """``items`` split into ``n`` contiguous, nearly equal parts (none empty when len(items) >= n)."""
-    size, extra = divmod(len(items), n)
-    out, start = [], 0
-    for i in range(n):
-        end = start + size + (1 if i < extra else 0)
-        out.append(list(items[start:end]))
-        start = end
-    return out
-
-
 def _id_list(ids: Sequence[int]) -> str:
     return ",".join(str(i) for i in ids)
 
@@ -198,16 +189,16 @@ def placements(config: FleetConfig, gpus: Sequence[int], cpus: Sequence[int], en
                              f"{len(gpus)}: lower --replicas or --tensor-parallel-size")
         return [({"CUDA_VISIBLE_DEVICES": _id_list(gpus[i * tp:(i + 1) * tp])},
                  "GPUs " + _id_list(gpus[i * tp:(i + 1) * tp])) for i in range(n)]
+    if "VLLM_CPU_OMP_THREADS_BIND" in environ:  # the user binds threads (e.g. "nobind"): every replica inherits it
+        return [({}, "cores per VLLM_CPU_OMP_THREADS_BIND=" + environ["VLLM_CPU_OMP_THREADS_BIND"])] * n
     if not cpus:
         raise FleetError("no CPU cores are available to this process")
     if len(cpus) < n:
         raise FleetError(f"{n} CPU replicas need at least {n} cores (this process may use {len(cpus)}): each "
-                         "replica's engine binds its own cores; lower --replicas")
-    out = []
-    for part in _chunks(sorted(cpus), n):
-        env = {} if "VLLM_CPU_OMP_THREADS_BIND" in environ else {"VLLM_CPU_OMP_THREADS_BIND": _id_list(part)}
-        out.append((env, "cores " + _id_list(part)))
-    return out
+                         "replica's engine binds its own cores; lower --replicas (or set VLLM_CPU_OMP_THREADS_BIND "
+                         "yourself, e.g. nobind, to let them share cores)")
+    return [({"VLLM_CPU_OMP_THREADS_BIND": _id_list(part)}, "cores " + _id_list(part))
+            for part in split_cores(cpus, n)]
 
 
 def build(config: FleetConfig, *, python: str, router_bin: str, redis_bin: str, gpus: Sequence[int] = (),

@@ -86,3 +86,22 @@ def test_cli_errors_are_clear(fake_nvidia_smi):
     assert proc.returncode == 2 and "needs an NVIDIA GPU" in proc.stderr
     proc = cli("--list-profiles")
     assert proc.returncode == 0 and "a100-80gb" in proc.stdout and "A100 >= 79 GiB" in proc.stdout
+
+
+def test_cpu_data_parallel_engines_get_their_own_cores():
+    """vLLM's auto binding puts every DP engine of a one-NUMA CPU host on the same cores; the launcher splits them."""
+    from qwen_vllm_ext.hardware import split_cores
+
+    cores = os.sched_getaffinity(0)
+    dp2 = ["--model", "Qwen/Qwen3-8B", "--data-parallel-size", "2"]
+    env = serve.resolve(dp2, environ={}, gpus=[])[2]
+    if len(cores) >= 2:
+        assert env["VLLM_CPU_OMP_THREADS_BIND"] == "|".join(",".join(map(str, p)) for p in split_cores(cores, 2))
+        assert len(env["VLLM_CPU_OMP_THREADS_BIND"].split("|")) == 2
+    else:
+        assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # one core: nothing to split
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in serve.resolve(dp2, environ={"VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+                                                             gpus=[])[2]
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in serve.resolve(["--model", "Qwen/Qwen3-8B"], environ={}, gpus=[])[2]
+    a100 = parse_nvidia_smi(NVIDIA_SMI_LINES["a100-80gb"])
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in serve.resolve(dp2, environ={}, gpus=a100)[2]

@@ -49,6 +49,8 @@ def test_external_redis_and_user_thread_binding_are_kept():
     plan = plan_of(replicas=2, redis_url="redis://10.0.0.5:6379/1", environ={"VLLM_CPU_OMP_THREADS_BIND": "0-1"})
     assert plan.redis is None and plan.redis_url == "redis://10.0.0.5:6379/1"
     assert all(r.env == {} for r in plan.replicas)
+    shared = plan_of(replicas=3, cpus=(0, 1), environ={"VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+    assert [r.placement for r in shared.replicas] == ["cores per VLLM_CPU_OMP_THREADS_BIND=nobind"] * 3
 
 
 def test_gpus_are_split_by_tensor_parallel_size():
