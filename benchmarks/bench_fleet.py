@@ -1,6 +1,7 @@
 """Router policies for multi-turn conversations, and what a second replica costs on this machine -- one run.
 
-    .venv/bin/python benchmarks/bench_fleet.py [--replicas 2,3] [--sessions 8] [--turns 10] [--rate 0.5]
+    .venv/bin/python benchmarks/bench_fleet.py [--replicas 2,3] [--sessions 8] [--turns 10] [--rate 0.5] \
+        [--serve-arg=--block-size=32 ...] [--out DIR]
 
 1. For each N of ``--replicas``: ``python -m qwen_vllm_ext.fleet --replicas N`` (demo model, local Redis, gateway
    off; 2 replicas get one core each, more than the cores share them with ``VLLM_CPU_OMP_THREADS_BIND=nobind``) with
@@ -92,7 +93,7 @@ def plot(result: dict, path: str) -> None:
 
     runs = result["runs"]
     names = list(runs)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
     axes[0].bar(names, [runs[n]["computed_prefill_tokens"] for n in names], color="tab:blue")
     axes[0].set_title("computed prefill tokens (lower is better)")
     axes[1].bar(names, [runs[n]["cached_share"] for n in names], color="tab:green")
@@ -101,12 +102,16 @@ def plot(result: dict, path: str) -> None:
     axes[2].bar([i - 0.2 for i in x], [runs[n]["ttft_mean_s"] * 1000 for n in names], 0.4, label="mean")
     axes[2].bar([i + 0.2 for i in x], [runs[n]["ttft_p99_s"] * 1000 for n in names], 0.4, label="p99")
     axes[2].set_xticks(list(x), names)
-    axes[2].set_title("TTFT (ms)")
+    axes[2].set_title("TTFT (ms, log scale)")
+    axes[2].set_yscale("log")
     axes[2].legend()
     for ax in axes:
-        ax.tick_params(axis="x", rotation=20)
-    fig.suptitle(f"{result['workload']['sessions']} sessions x {result['workload']['turns']} turns, "
-                 f"{result['workload']['rate']} sessions/s (demo model, 2 cores)")
+        ax.tick_params(axis="x", rotation=40)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+    w = result["workload"]
+    fig.suptitle(f"{w['sessions']} sessions x {w['turns']} turns, {w['rate']} sessions/s, demo model on "
+                 f"{result['machine']['cpus']} cores {' '.join(w.get('serve_arg') or [])}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -115,7 +120,8 @@ def run_fleet(n: int, env: dict, args, work: str) -> dict:
     """Every policy through one fleet of ``n`` replicas (caches emptied before each)."""
     os.makedirs(work, exist_ok=True)
     runs, routers = {}, []
-    fleet = FleetProcess(n, os.path.join(work, "fleet.log"), os.path.join(work, "data"), env=env, cwd=ROOT)
+    fleet = FleetProcess(n, os.path.join(work, "fleet.log"), os.path.join(work, "data"), env=env, cwd=ROOT,
+                         serve_args=args.serve_arg)
     try:
         fleet.wait_ready()
         urls = {"consistent_hash": fleet.base_url}
@@ -145,8 +151,13 @@ def main(argv=None) -> int:
     p.add_argument("--input-len", type=int, default=200, help="tokens of user text per turn")
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve-arg", action="append", default=[], help="flag for every replica (repeatable)")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "fleet"))
+    p.add_argument("--replot", metavar="JSON", help="redraw the PNG of an earlier run's JSON and exit")
     args = p.parse_args(argv)
+    if args.replot:
+        plot(json.load(open(args.replot)), os.path.splitext(args.replot)[0] + ".png")
+        return 0
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="bench-fleet-")
     runs = {}
@@ -156,8 +167,8 @@ def main(argv=None) -> int:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         runs.update(run_fleet(n, env, args, os.path.join(work, f"n{n}")))
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    single = ServeProcess(["--qwen-data-dir", os.path.join(work, "single")], os.path.join(work, "single.log"),
-                          env=env, cwd=ROOT, label="the single replica")
+    single = ServeProcess(["--qwen-data-dir", os.path.join(work, "single"), *args.serve_arg],
+                          os.path.join(work, "single.log"), env=env, cwd=ROOT, label="the single replica")
     try:
         single.wait_healthy()
         runs["1 replica, direct"] = storm(single.base_url, args, os.path.join(work, "single-run"))
@@ -166,7 +177,8 @@ def main(argv=None) -> int:
         single.stop()
     sizes = [int(x) for x in args.replicas.split(",")]
     result = {
-        "workload": {k: getattr(args, k) for k in ("sessions", "turns", "rate", "input_len", "output_len", "seed")},
+        "workload": {k: getattr(args, k) for k in ("sessions", "turns", "rate", "input_len", "output_len", "seed",
+                                                   "serve_arg")},
         "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *(argv if argv is not None else sys.argv[1:])]),
         "runs": runs,

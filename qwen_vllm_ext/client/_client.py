@@ -217,11 +217,11 @@ class Client(_Base):
         self._http = http_client or httpx.Client(timeout=self.timeout)
 
     def chat(self, messages: list, model: str | None = None, stream: bool = False,
-             request_id: str | None = None, session_id: str | None = None, **params):
+             request_id: str | None = None, session_id: str | None = None, **params) -> Result | Stream:
         return self.request(CHAT_PATH, {"messages": messages, **params}, model, stream, request_id, session_id)
 
     def completions(self, prompt, model: str | None = None, stream: bool = False,
-                    request_id: str | None = None, session_id: str | None = None, **params):
+                    request_id: str | None = None, session_id: str | None = None, **params) -> Result | Stream:
         return self.request(COMPLETIONS_PATH, {"prompt": prompt, **params}, model, stream, request_id, session_id)
 
     def request(self, path: str, params: dict, model: str | None = None, stream: bool = False,
@@ -278,22 +278,22 @@ class AsyncClient(_Base):
         self._http = http_client or httpx.AsyncClient(timeout=self.timeout)
 
     async def chat(self, messages: list, model: str | None = None, stream: bool = False,
-             request_id: str | None = None, session_id: str | None = None, **params):
+                   request_id: str | None = None, session_id: str | None = None, **params):
         return await self.request(CHAT_PATH, {"messages": messages, **params}, model, stream, request_id, session_id)
 
     async def completions(self, prompt, model: str | None = None, stream: bool = False,
-                    request_id: str | None = None, session_id: str | None = None, **params):
+                          request_id: str | None = None, session_id: str | None = None, **params):
         return await self.request(COMPLETIONS_PATH, {"prompt": prompt, **params}, model, stream, request_id, session_id)
 
     async def request(self, path: str, params: dict, model: str | None = None, stream: bool = False,
-                request_id: str | None = None, session_id: str | None = None):
+                      request_id: str | None = None, session_id: str | None = None):
         body = self._body(model, params, stream)
         plan = self._plan(body, request_id)
         attempt, use_model, rid = next(plan)
         while True:
             try:
                 return await self._once(path, {**body, "model": use_model}, stream, rid, use_model, attempt + 1,
-                                  session_id)
+                                        session_id)
             except (APIError, APIConnectionError) as exc:
                 delay = plan.send(exc)
                 if delay is None:
