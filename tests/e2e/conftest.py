@@ -28,10 +28,13 @@ class Server(ServeProcess):
 
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory):
-    """`python -m qwen_vllm_ext.serve` on the demo model (no --model, no GPU) on a free loopback port."""
+    """`python -m qwen_vllm_ext.serve` on the demo model (no --model, no GPU) on a free loopback port, with the
+    token-weighted scheduler on."""
     data_dir = tmp_path_factory.mktemp("data")
-    server = Server(["--qwen-access-log", str(data_dir / "access.jsonl")], tmp_path_factory.mktemp("logs") / "server.log",
-                    data_dir=data_dir)
+    # the token-weighted scheduler is off in every profile (docs/scheduling.md); the shared server turns it on so that
+    # the e2e tests cover it in the engine core
+    server = Server(["--qwen-access-log", str(data_dir / "access.jsonl"), "--qwen-token-weighted-scheduler", "true"],
+                    tmp_path_factory.mktemp("logs") / "server.log", data_dir=data_dir)
     server.wait_healthy()
     yield server
     server.stop()

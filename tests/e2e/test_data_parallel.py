@@ -29,7 +29,8 @@ def dp_server(tmp_path_factory):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("this test needs 2 cores (one per data-parallel engine)")
     data = tmp_path_factory.mktemp("dp")
-    server = Server(["--data-parallel-size", "2"], data / "server.log", data_dir=data)
+    server = Server(["--data-parallel-size", "2", "--qwen-token-weighted-scheduler", "true"], data / "server.log",
+                    data_dir=data)
     server.wait_healthy()
     yield server
     server.stop()

@@ -87,3 +87,13 @@ def test_profiles_are_complete_data_files():
         if load_profile(name).device == "cuda":
             assert "enforce-eager" not in flags
             assert load_profile(name).description and load_profile(name).min_gpu_memory_gib > 0
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_no_profile_turns_the_token_weighted_scheduler_on(name):
+    """Off until it is shown never worse than FCFS on that hardware (docs/scheduling.md); users opt in."""
+    from qwen_vllm_ext.config import Settings
+
+    extension = load_profile(name).extension
+    assert extension.get("token_weighted_scheduler", False) is False
+    assert Settings.resolve(env={}, base=extension).token_weighted_scheduler is False
