@@ -26,6 +26,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def log_tail(path, n: int) -> str:
+    """The last ``n`` lines of a log file ("" when it cannot be read)."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
 class ServerStartError(RuntimeError):
     """The server exited, or did not answer ``/health``, before becoming ready (the message has the log tail)."""
 
@@ -48,11 +57,7 @@ class ServeProcess:
             stdin=subprocess.DEVNULL, start_new_session=True)
 
     def log_tail(self, n: int = 120) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, n)
 
     def wait_healthy(self, timeout: float = 600.0, poll_s: float = 1.0) -> float:
         """Seconds until ``GET /health`` answered 200; raises :class:`ServerStartError` (and stops the server on
@@ -136,11 +141,7 @@ class FleetProcess:
             stdin=subprocess.DEVNULL, start_new_session=True)
 
     def log_tail(self, n: int = 80) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, n)
 
     def wait_ready(self, timeout: float = 900.0) -> float:
         """Seconds until the fleet printed ``fleet ready`` (router and every replica healthy)."""

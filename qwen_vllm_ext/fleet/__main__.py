@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(argv: list[str]) -> FleetConfig:
+def config_from_args(argv: list[str]) -> tuple[argparse.Namespace, FleetConfig]:
     own, serve = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser().parse_args(own)
     serve_args = list(serve)

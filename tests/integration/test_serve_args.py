@@ -105,3 +105,17 @@ def test_cpu_data_parallel_engines_get_their_own_cores():
     assert "VLLM_CPU_OMP_THREADS_BIND" not in serve.resolve(["--model", "Qwen/Qwen3-8B"], environ={}, gpus=[])[2]
     a100 = parse_nvidia_smi(NVIDIA_SMI_LINES["a100-80gb"])
     assert "VLLM_CPU_OMP_THREADS_BIND" not in serve.resolve(dp2, environ={}, gpus=a100)[2]
+
+
+def test_a_fleet_replica_refuses_per_host_state():
+    """require_shared_state (set by the fleet and the Kubernetes manifests): SQLite keys/limits/ledger are refused."""
+    with pytest.raises(serve.LaunchError, match=r"require_shared_state is on .* ledger_backend \(ledger and API keys\) "
+                                                r"is sqlite; limiter_backend is sqlite"):
+        serve.resolve(["--model", "Qwen/Qwen3-8B", "--qwen-require-shared-state", "true"], environ={}, gpus=[])
+    with pytest.raises(serve.LaunchError, match="limiter_backend is sqlite"):
+        serve.resolve(["--model", "Qwen/Qwen3-8B", "--qwen-require-shared-state", "true", "--qwen-ledger-backend",
+                       "redis", "--qwen-ledger-redis-url", "redis://127.0.0.1:6379/0"], environ={}, gpus=[])
+    args, *_ = serve.resolve(["--model", "Qwen/Qwen3-8B", "--qwen-require-shared-state", "true", "--qwen-ledger-backend",
+                              "redis", "--qwen-limiter-backend", "redis", "--qwen-ledger-redis-url",
+                              "redis://127.0.0.1:6379/0"], environ={}, gpus=[])
+    assert args.model == "Qwen/Qwen3-8B"
