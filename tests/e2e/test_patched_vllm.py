@@ -178,7 +178,9 @@ def test_launcher_with_the_plugin_on_a_patched_vllm_does_nothing_twice(patched_v
         _RUNNING.pop().stop()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN_VLLM_EXT_") and k != "VLLM_PLUGINS"}
     env["PYTHONPATH"] = str(patched_vllm.parent)
-    server = Server([], tmp_path / "server.log", env=env, data_dir=tmp_path / "data")
+    # the profiles ship the scheduler off; on here, so that the test sees it is not installed twice
+    server = Server(["--qwen-token-weighted-scheduler", "true"], tmp_path / "server.log", env=env,
+                    data_dir=tmp_path / "data")
     try:
         server.wait_healthy()
         health = _health(server)
