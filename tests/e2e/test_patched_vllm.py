@@ -221,6 +221,7 @@ def test_strict_mode_refuses_to_start_on_changed_vllm(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN_VLLM_EXT_") and k != "VLLM_PLUGINS"}
     env["PYTHONPATH"] = str(overlay.parent)
     run = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.serve", "--qwen-strict-patches", "true",
+                          "--qwen-token-weighted-scheduler", "true",  # the guard checks the patches turned on
                           "--qwen-data-dir", str(tmp_path / "data"), "--port", str(free_port())],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 2
