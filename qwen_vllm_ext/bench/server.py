@@ -103,18 +103,12 @@ def free_port_block(n: int, tries: int = 200) -> int:
     """The first of ``n`` consecutive free loopback ports (a fleet uses port .. port + replicas + 2)."""
     import random
 
+    from ..fleet.processes import port_in_use  # the fleet's own preflight check: a block it accepts
+
     rng = random.Random()
     for _ in range(tries):
         base = rng.randrange(20000, 60000 - n)
-        ok = True
-        for port in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+        if not any(port_in_use(port) for port in range(base, base + n)):
             return base
     raise RuntimeError(f"no {n} consecutive free loopback ports found")
 
