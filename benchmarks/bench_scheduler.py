@@ -170,10 +170,10 @@ def _make_recording(base):
             out = super().schedule(*args, **kwargs)
             dt_sched = time.perf_counter() - t_sched
             # Step composition, the cost-model data of sim_scheduler.py: requests, tokens, prefill tokens, prefill
-            # and decode context (qwen_vllm_ext.scheduling.sim.step_composition).
-            from qwen_vllm_ext.scheduling.sim import step_composition
+            # and decode context (qwen_vllm_ext.scheduling.vllm_scheduler.step_composition).
+            from qwen_vllm_ext.scheduling.vllm_scheduler import step_composition
 
-            self._bench_comp.append([time.time(), dt_sched, *step_composition(self, out)])
+            self._bench_comp.append([time.time(), dt_sched, *step_composition(self.requests, out)])
             weights = []
             for rid, n_sched in out.num_scheduled_tokens.items():
                 if rid in self._bench_seen:

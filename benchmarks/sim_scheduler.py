@@ -16,10 +16,12 @@ without the prefix (``QWEN_VLLM_EXT_SCHED_`` spelling accepted). Without ``--con
 ``--speed 0.5,1,2`` repeats the sweep with every step's cost divided by each factor — an engine half or twice as
 fast — to show how a setting depends on the engine's speed (capacity and rates are re-measured at each speed).
 
-``--cost-model a100-80gb`` (or ``h100-80gb``) replaces the fitted model with a GPU step-cost model for a
-Qwen3-8B-class model built from public measured kernel profiles (``benchmarks/gpu_cost_models.json``, sources in
-docs/results/scheduler.md) and runs the engine with that launcher profile's batch limits (``max_num_seqs``,
-``max_num_batched_tokens``); there is no real run to compare with, so no fidelity section:
+``--cost-model NAME`` replaces the fitted model with a stored one of ``benchmarks/cost_models.json``: ``a100-80gb``
+and ``h100-80gb``, GPU step-cost models for a Qwen3-8B-class model built from public measured kernel profiles (sources
+in docs/results/scheduler.md), run with that launcher profile's batch limits (``max_num_seqs``,
+``max_num_batched_tokens``); ``cpu-demo`` and ``cpu-prefill-bench``, the models fitted to this machine's real
+``bench_scheduler.py`` runs of the two CPU benchmark models (the command that fitted each is stored with it), run with
+the CPU benchmark's batch limits. No fidelity section (there is no real run to compare with):
 
     .venv/bin/python benchmarks/sim_scheduler.py --cost-model a100-80gb --loads 0.8,1.2,1.7 --seeds 0,1,2
 """
@@ -49,7 +51,7 @@ from qwen_vllm_ext.scheduling.sim import StepCostModel, fit_cost_model, simulate
 METRICS = (("ttft_mean_s", "mean", "<=", 1.0), ("ttft_p50_s", "p50", "<=", None), ("ttft_p99_s", "p99", "<=", 1.05),
            ("long_decile_p99_ttft_s", "long p99", "<=", None), ("output_tok_s", "tok/s", ">=", 0.98),
            ("goodput_req_s", "goodput", ">=", None))
-COST_MODELS = os.path.join(HERE, "gpu_cost_models.json")
+COST_MODELS = os.path.join(HERE, "cost_models.json")
 
 
 def ratio(a: float, b: float) -> float:
@@ -65,7 +67,9 @@ def parse_config(text: str) -> tuple[str, PolicyConfig]:
         known = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}
         if field not in known:
             raise SystemExit(f"--config {text!r}: unknown setting {field!r}; known: " + ", ".join(known))
-        values[field] = type(known[field])(value)
+        default = known[field]
+        values[field] = (value.strip().lower() in ("1", "true", "yes", "on")) if isinstance(default, bool) \
+            else type(default)(value)
     return name or "tw", PolicyConfig(**values)
 
 
@@ -73,17 +77,23 @@ ENGINE = {k: bench.ENGINE_KW[k] for k in ("max_num_seqs", "max_num_batched_token
 """The simulated engine's batch limits: the CPU benchmark's, or a GPU profile's with ``--cost-model``."""
 
 
+WARM: dict = {}
+"""Per trace kind, the capacity run's step-cost fit: the token-weighted runs start from it (an engine that has
+been serving that traffic), not from an empty fit."""
+
+
 def run_traces(model_dir: str, traces: list[str], n: int, rates: dict[str, float], cost: StepCostModel, seed: int,
                token_weighted: bool, policy: PolicyConfig | None) -> dict[str, dict]:
     out = {}
     for kind in traces:
         out[kind] = simulate(model_dir, bench.make_mix(kind, n, seed), bench.make_arrivals(kind, n, rates[kind], seed),
-                             cost, token_weighted=token_weighted, policy=policy, **ENGINE)
+                             cost, token_weighted=token_weighted, policy=policy, warm=WARM.get(kind), **ENGINE)
     return out
 
 
-def gpu_cost_model(name: str) -> tuple[StepCostModel, dict]:
-    """The GPU step-cost model ``name`` of gpu_cost_models.json, and that launcher profile's batch limits."""
+def stored_cost_model(name: str) -> tuple[StepCostModel, dict]:
+    """The step-cost model ``name`` of cost_models.json and its engine's batch limits: the entry's own ``engine``
+    (the CPU fits), else the launcher profile ``name``'s (the GPU models)."""
     from qwen_vllm_ext.profiles import load_profile
 
     with open(COST_MODELS) as f:
@@ -92,6 +102,8 @@ def gpu_cost_model(name: str) -> tuple[StepCostModel, dict]:
         raise SystemExit(f"--cost-model {name!r}: known: {', '.join(k for k in models if k != 'notes')}")
     m = models[name]
     cost = StepCostModel(*(float(m[f.name]) for f in dataclasses.fields(StepCostModel)))
+    if "engine" in m:
+        return cost, dict(m["engine"])
     vllm = load_profile(name).vllm
     return cost, {"max_num_seqs": int(vllm["max-num-seqs"]), "max_num_batched_tokens": int(vllm["max-num-batched-tokens"]),
                   "max_model_len": 4096}
@@ -151,7 +163,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--fit", help="bench_scheduler.py results JSON with per-step records")
-    src.add_argument("--cost-model", help="GPU step-cost model of gpu_cost_models.json (a100-80gb, h100-80gb)")
+    src.add_argument("--cost-model", help="a stored step-cost model of cost_models.json (a100-80gb, h100-80gb, cpu-demo, "
+                     "cpu-prefill-bench)")
     ap.add_argument("--config", action="append", default=[], help="NAME:KEY=VALUE,... token-weighted configuration")
     ap.add_argument("--loads", default="1.2,1.7")
     ap.add_argument("--traces", default="longtail,burst")
@@ -162,6 +175,9 @@ def main() -> int:
     ap.add_argument("--speed", default="1",
                     help="engine speed factors for the sweep (comma-separated): every step cost divided by it, so 2 "
                          "emulates a machine twice as fast (capacity and rates are measured at each speed)")
+    ap.add_argument("--save-cost-model", metavar="NAME",
+                    help="with --fit: store the fitted model in cost_models.json as NAME (with the CPU benchmark's "
+                         "batch limits, the fit statistics and this command), for --cost-model NAME")
     ap.add_argument("--out", help="results JSON (default: benchmarks/results/sim_scheduler[_<cost model>].json)")
     args = ap.parse_args()
 
@@ -175,7 +191,7 @@ def main() -> int:
     t_start = time.time()
     fidelity = engine_time = None
     if args.cost_model:
-        cost, engine = gpu_cost_model(args.cost_model)
+        cost, engine = stored_cost_model(args.cost_model)
         ENGINE.update(engine)
         stats = {"cost_model": args.cost_model, "engine": engine}
         print(f"cost model {args.cost_model} (s/step) = {cost.base * 1e3:.2f} ms + {cost.per_request * 1e3:.4f} "
@@ -183,6 +199,8 @@ def main() -> int:
               f"{cost.per_decode_ctx * 1e9:.1f} ns/decode-context token; engine {engine}", flush=True)
     else:
         cost, stats, fidelity, engine_time = fit_and_check(args, model_dir, traces)
+        if args.save_cost_model:
+            save_cost_model(args.save_cost_model, cost, stats)
     table = {}
     caps = {}
     for speed in [float(x) for x in args.speed.split(",")]:
@@ -193,20 +211,60 @@ def main() -> int:
             mix = bench.make_mix(kind, max(120, 3 * ENGINE["max_num_seqs"]), 1000)  # enough to fill every slot
             run = simulate(model_dir, mix, [0.0] * len(mix), scaled, token_weighted=False, **ENGINE)
             cap[kind] = len(mix) / (run["t_end"] - run["t0"])
+            WARM[kind] = run["warm"]
         caps[str(speed)] = cap
         print(f"\nspeed {speed:g}: simulated capacity " + ", ".join(f"{k} {v:.2f} req/s" for k, v in cap.items()))
         sweep(args, model_dir, traces, loads, seeds, configs, scaled, cap, speed, table)
+    medians = median_table(table)
     print(f"({time.time() - t_start:.0f} s)")
     out = args.out or os.path.join(bench.RESULTS, "sim_scheduler" + (f"_{args.cost_model}" if args.cost_model else "")
                                    + ".json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump({"cost_model": dataclasses.asdict(cost), "fit": stats,
-                   "fidelity": fidelity, "engine_time": engine_time, "capacity": caps, "ratios": table,
+                   "fidelity": fidelity, "engine_time": engine_time, "capacity": caps, "ratios": table, "medians": medians,
                    "configs": {n: vars(c) for n, c in configs}, "engine": ENGINE, "loads": loads, "seeds": seeds,
                    "traces": traces, "command": " ".join(sys.argv)}, f, indent=1, default=str)
     print(f"wrote {out}")
     return 0
+
+
+def median_table(table: dict) -> dict:
+    """Per configuration, speed and load: the median over trace seeds of each pooled ratio, and whether the medians
+    meet every never-worse limit of METRICS (printed as a table)."""
+    import statistics
+
+    out: dict = {}
+    print("\nmedian over seeds (pooled ratios, token-weighted / FCFS; never-worse limits: "
+          + ", ".join(f"{label} {op} {lim}" for _, label, op, lim in METRICS if lim is not None) + ")")
+    for name, rows in table.items():
+        groups: dict = {}
+        for key, row in rows.items():
+            speed, _seed, load = key.split("-")
+            groups.setdefault(f"{speed}-{load}", []).append(row["all"])
+        for key, group in sorted(groups.items()):
+            med = {m: statistics.median(r[m] for r in group) for m, *_ in METRICS}
+            ok = all((med[m] <= lim) if op == "<=" else (med[m] >= lim) for m, _, op, lim in METRICS if lim is not None)
+            out.setdefault(name, {})[key] = {**med, "never_worse": ok, "seeds": len(group)}
+            speed, load = key.split("-")
+            print(f"  {name:>14} {'' if speed == '1' else f'speed {speed} '}{load}x: " + "  ".join(
+                f"{label} {med[m]:.2f}" for m, label, *_ in METRICS) + ("  never-worse" if ok else ""), flush=True)
+    return out
+
+
+def save_cost_model(name: str, cost: StepCostModel, stats: dict) -> None:
+    """Store a fitted model in cost_models.json (replacing an entry of that name; the GPU models are refused)."""
+    with open(COST_MODELS) as f:
+        models = json.load(f)
+    if name in models and "engine" not in models[name] or name == "notes":
+        raise SystemExit(f"--save-cost-model {name!r}: a stored GPU model or the notes; pick another name")
+    models[name] = {**dataclasses.asdict(cost), "engine": dict(ENGINE), "fit": stats,
+                    "command": " ".join(["benchmarks/sim_scheduler.py"] + sys.argv[1:]),
+                    "recorded": time.strftime("%Y-%m-%d")}
+    with open(COST_MODELS, "w") as f:
+        json.dump(models, f, indent=2)
+        f.write("\n")
+    print(f"stored cost model {name!r} in {COST_MODELS}", flush=True)
 
 
 def fit_and_check(args, model_dir: str, traces: list[str]):

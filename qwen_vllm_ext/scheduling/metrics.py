@@ -23,7 +23,9 @@ class SchedulerCollector:
         counters = {
             "admitted": ("qwen_ext_sched_admitted", "Requests admitted by the token-weighted scheduler"),
             "max_wait_admissions": ("qwen_ext_sched_max_wait_admissions",
-                                    "Admissions through the max-wait (arrival order) lane"),
+                                    "Admissions through the arrival-order lane after waiting sched_max_wait_s"),
+            "slip_admissions": ("qwen_ext_sched_slip_admissions",
+                                "Admissions through the arrival-order lane at their FCFS slip deadline"),
             "cache_hit_tokens": ("qwen_ext_sched_cache_hit_tokens", "Prefix-cache hit tokens at admission"),
             "admitted_weight": ("qwen_ext_sched_admitted_weight",
                                 "Token weight admitted from the waiting queue (the aging work clock)"),
@@ -41,6 +43,10 @@ class SchedulerCollector:
                                  "Aging half-life in use on the work clock, tokens of admitted weight (load-scaled)"),
             "half_life_s": ("qwen_ext_sched_aging_half_life_seconds",
                             "Aging half-life in use on the seconds clock (load-scaled)"),
+            "output_token_weight": ("qwen_ext_sched_output_token_weight",
+                                    "Measured weight of one output token in prompt tokens (absent: token weight)"),
+            "cost_steps_fitted": ("qwen_ext_sched_cost_steps_fitted",
+                                  "Engine steps the online step-cost fit has seen"),
         }
         for family_cls, table in ((CounterMetricFamily, counters), (GaugeMetricFamily, gauges)):
             for field, (name, doc) in table.items():

@@ -35,6 +35,16 @@ twice as fast). ``aging_half_life_tokens = 0`` ages in seconds by ``aging_half_l
 scored request, overdue requests in arrival order. This is the starvation guarantee; aging only shapes the
 order below it.
 
+**FCFS slip bound** (``max_slip > 0``): a request is also overdue once the weight admitted since it arrived
+exceeds ``(1 + max_slip)`` x the weight that was waiting ahead of it when it arrived (its *deadline* on the work
+clock, :func:`slip_deadline`). FCFS would have admitted it after exactly that weight, so no request is admitted
+after more than ``1 + max_slip`` times the work FCFS would have put before it: below capacity (a short queue) the
+order stays close to arrival order, and the room to reorder grows with the backlog, where it pays. With
+``slip_floor_quantile = q > 0`` the deadline is at least the ``q``-quantile of the weight that was queued ahead of
+the recent arrivals (the ``SLIP_HISTORY`` latest): a request that arrived to a short queue may wait as long as a
+typical request of the recent backlog would have under FCFS, which leaves FCFS's tail (the requests that met the
+deepest backlog, bounded by the slip) alone while short requests overtake the rest.
+
 **Load-scaled half-life** (``aging_load_exponent > 0``): the half-life is multiplied by ``load ** exponent``,
 where ``load`` is the measured overload factor — the weight arriving per second over the weight admitted per
 second, both over the last ``rate_window_s`` — clamped to ``[1, MAX_LOAD_FACTOR]``. Below capacity nothing
@@ -75,8 +85,11 @@ _RANGES = (
     ("output_weight", *_FINITE_GE0), ("output_cap", *_GE0), ("aging_half_life_s", *_GE0), ("max_wait_s", *_GE0),
     ("group_ratio", *_GE0), ("lookup_candidates", *_GE0), ("fcfs_above", *_GE0), ("aging_load_exponent", *_FINITE_GE0),
     ("rate_window_s", "a finite number > 0", lambda v: v > 0 and math.isfinite(v)),
-    ("aging_half_life_tokens", *_FINITE_GE0),
+    ("aging_half_life_tokens", *_FINITE_GE0), ("max_slip", *_FINITE_GE0),
+    ("slip_floor_quantile", "in [0, 1]", lambda v: 0 <= v <= 1),
 )
+SLIP_HISTORY = 1000
+"""Arrivals whose queued-ahead weight the slip floor's quantile is taken over."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +120,16 @@ class PolicyConfig:
     aging_half_life_tokens: float = 2500.0
     """Aging on the work clock: a waiting request's weight halves every this many tokens of weight the engine
     admits (0 = age in seconds instead, by ``sched_aging_half_life_s``)."""
+    measured_costs: bool = True
+    """Weigh requests by the engine's own measured costs (a step-cost model fitted online to the steps it runs:
+    prefill-token equivalents, :mod:`.costs`) instead of ``uncached prompt + output_weight x output``; until the fit
+    has enough steps, admit in arrival order."""
+    max_slip: float = 0.25
+    """FCFS slip bound: a waiting request goes to the arrival-order lane once the weight admitted since it arrived
+    exceeds (1 + this) x the weight waiting ahead of it at its arrival (0 = no bound)."""
+    slip_floor_quantile: float = 0.0
+    """With the slip bound: a request's deadline is at least this quantile of the weight queued ahead of the recent
+    arrivals (0 = no floor)."""
 
     def __post_init__(self) -> None:
         for name, what, ok in _RANGES:
@@ -129,7 +152,10 @@ class PolicyConfig:
         values = {}
         for f in dataclasses.fields(cls):
             default = f.default
-            values[f.name] = type(default)(getattr(settings, SETTING_PREFIX + f.name, default))
+            value = getattr(settings, SETTING_PREFIX + f.name, default)
+            if isinstance(default, bool) and isinstance(value, str):
+                value = value.strip().lower() in ("1", "true", "yes", "on")
+            values[f.name] = type(default)(value)
         return cls(**values)
 
 
@@ -207,9 +233,50 @@ def rank_key(w: float, arrival: float, config: PolicyConfig, epoch: float = 0.0,
     return key
 
 
-def is_overdue(arrival_time: float, now: float, config: PolicyConfig) -> bool:
-    """True when the request has waited at least ``max_wait_s`` (never when that is 0)."""
-    return config.max_wait_s > 0 and now - arrival_time >= config.max_wait_s
+def is_overdue(arrival_time: float, now: float, config: PolicyConfig, work: float = 0.0,
+               deadline_work: float = math.inf) -> bool:
+    """True when the request has waited at least ``max_wait_s`` (never when that is 0) or the work clock
+    ``work`` has reached its slip deadline ``deadline_work`` (:func:`slip_deadline`)."""
+    return (config.max_wait_s > 0 and now - arrival_time >= config.max_wait_s) or work >= deadline_work
+
+
+def slip_deadline(arrival_work: float, queued_ahead: float, config: PolicyConfig, floor: float = 0.0) -> float:
+    """The work-clock value at which a request that arrived at work clock ``arrival_work`` behind ``queued_ahead``
+    weight of waiting requests becomes overdue: ``arrival_work + max((1 + max_slip) x queued_ahead, floor)``
+    (``floor``: the slip floor, see :class:`SlipFloor`; infinite when ``max_slip`` is 0: no bound)."""
+    if config.max_slip <= 0:
+        return math.inf
+    return arrival_work + max((1.0 + config.max_slip) * max(queued_ahead, 0.0), floor)
+
+
+class SlipFloor:
+    """The ``slip_floor_quantile`` of the queued-ahead weight over the latest ``SLIP_HISTORY`` arrivals (pure)."""
+
+    def __init__(self, quantile_q: float, history: int = SLIP_HISTORY) -> None:
+        from collections import deque
+
+        self.q = quantile_q
+        self._recent: deque[float] = deque(maxlen=history)
+        self._sorted: list[float] = []
+
+    def observe(self, queued_ahead: float) -> float:
+        """Record an arrival's queued-ahead weight; returns the floor for it (the quantile *before* it: 0.0 when
+        off or with no history)."""
+        if self.q <= 0:
+            return 0.0
+        import bisect
+
+        floor = quantile(self._sorted, self.q) if self._sorted else 0.0
+        if len(self._recent) == self._recent.maxlen:
+            old = self._recent[0]
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        self._recent.append(queued_ahead)
+        bisect.insort(self._sorted, queued_ahead)
+        return floor
+
+    def clear(self) -> None:
+        self._recent.clear()
+        self._sorted.clear()
 
 
 class RateMeter:
@@ -261,6 +328,8 @@ class Job:
     payload: Any = None
     arrival_work: float = 0.0
     """The work clock (weight admitted so far) when the request arrived: its aging clock when aging runs on work."""
+    deadline_work: float = math.inf
+    """The work clock value at which the request becomes overdue (:func:`slip_deadline`; inf: never)."""
 
     def weight(self, config: PolicyConfig) -> float:
         return weight(self.prompt_tokens - self.cached_tokens,
@@ -283,9 +352,9 @@ def lane_key(job: Job, *, overdue: bool, rank: float, use_priority: bool = False
 
 
 def sort_key(job: Job, now: float, config: PolicyConfig, *, epoch: float = 0.0, use_priority: bool = False,
-             fcfs: bool = False, load: float = 1.0) -> tuple:
-    """:func:`lane_key` of a job at ``now`` (overdue status and rank key computed here)."""
-    return lane_key(job, overdue=is_overdue(job.arrival_time, now, config),
+             fcfs: bool = False, load: float = 1.0, work: float = 0.0) -> tuple:
+    """:func:`lane_key` of a job at ``now`` and work clock ``work`` (overdue status and rank key computed here)."""
+    return lane_key(job, overdue=is_overdue(job.arrival_time, now, config, work, job.deadline_work),
                     rank=rank_key(job.weight(config), aging_clock(job, config), config, epoch, load),
                     use_priority=use_priority, fcfs=fcfs)
 
@@ -305,18 +374,23 @@ def group_window(items: list, weights: Sequence[float], start: int, config: Poli
 
 
 def order(jobs: Iterable[Job], now: float, config: PolicyConfig, *, use_priority: bool = False,
-          load: float = 1.0) -> list[Job]:
-    """Reference ordering of a scored lane at time ``now`` and overload factor ``load`` (overdue first by
-    arrival, then by rank key with ties by arrival, FCFS above ``fcfs_above``, then grouping). The vLLM queue
-    applies the same rules."""
+          load: float = 1.0, work: float = 0.0) -> list[Job]:
+    """Reference ordering of a scored lane at time ``now``, overload factor ``load`` and work clock ``work``
+    (overdue first by arrival, then by rank key with ties by arrival, FCFS above ``fcfs_above``, then grouping).
+    The vLLM queue applies the same rules."""
     jobs = list(jobs)
     epoch = min((aging_clock(j, config) for j in jobs), default=0.0)
-    scored = sum(1 for j in jobs if not is_overdue(j.arrival_time, now, config))
+
+    def overdue(j: Job) -> bool:
+        return is_overdue(j.arrival_time, now, config, work, j.deadline_work)
+
+    scored = sum(1 for j in jobs if not overdue(j))
     fcfs = 0 < config.fcfs_above < scored
-    jobs.sort(key=lambda j: sort_key(j, now, config, epoch=epoch, use_priority=use_priority, fcfs=fcfs, load=load))
+    jobs.sort(key=lambda j: sort_key(j, now, config, epoch=epoch, use_priority=use_priority, fcfs=fcfs, load=load,
+                                     work=work))
     if fcfs:
         return jobs
-    first_scored = next((i for i, j in enumerate(jobs) if not is_overdue(j.arrival_time, now, config)), len(jobs))
+    first_scored = next((i for i, j in enumerate(jobs) if not overdue(j)), len(jobs))
     return group_window(jobs, [j.weight(config) for j in jobs], first_scored, config)
 
 
@@ -345,7 +419,9 @@ class AdmissionStats:
         self.admitted = 0
         """Requests admitted from the waiting queue (first admissions and resumptions)."""
         self.max_wait_admissions = 0
-        """Admissions through the max-wait (overdue) lane."""
+        """Admissions through the overdue lane because they had waited ``max_wait_s``."""
+        self.slip_admissions = 0
+        """Admissions through the overdue lane because they reached their FCFS slip deadline."""
         self.cache_hit_tokens = 0
         """Prefix-cache hit tokens of first admissions (the tokens admission did not have to prefill)."""
         self.prompt_tokens = 0
@@ -363,10 +439,11 @@ class AdmissionStats:
         self._wait_total = 0
 
     def record_step(self, weights: Sequence[float], waits: Sequence[float], overdue: int, cache_hits: int,
-                    prompt_tokens: int) -> None:
+                    prompt_tokens: int, slipped: int = 0) -> None:
         self.steps += 1
         self.admitted += len(weights)
         self.max_wait_admissions += overdue
+        self.slip_admissions += slipped
         self.cache_hit_tokens += cache_hits
         self.prompt_tokens += prompt_tokens
         if len(weights) >= 2:
@@ -394,6 +471,7 @@ class AdmissionStats:
             "steps": self.steps,
             "admitted": self.admitted,
             "max_wait_admissions": self.max_wait_admissions,
+            "slip_admissions": self.slip_admissions,
             "cache_hit_tokens": self.cache_hit_tokens,
             "prompt_tokens": self.prompt_tokens,
             "lookups": self.lookups,

@@ -19,62 +19,19 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from .costs import CostFit, StepCostModel, features
 from .policy import PolicyConfig
 
 T0 = 1_000_000.0  # virtual epoch (arrival_time values are absolute seconds)
 
 
-@dataclasses.dataclass(frozen=True)
-class StepCostModel:
-    """Seconds per engine step = base + per_request x requests + per_token x tokens + per_ctx x prefill context
-    (sum over prefill chunks of chunk tokens x (tokens before the chunk + half the chunk): causal attention's
-    quadratic part, the same total however a prompt is chunked) + per_decode_ctx x decode context (the decoding
-    requests' total context: their attention reads)."""
-
-    base: float = 0.006
-    per_request: float = 0.0002
-    per_token: float = 0.0003
-    per_ctx: float = 0.0
-    per_decode_ctx: float = 0.0
-
-    def cost(self, n_reqs: int, tokens: int, prefill_ctx: float, decode_ctx: float = 0.0) -> float:
-        return max(self.base + self.per_request * n_reqs + self.per_token * tokens + self.per_ctx * prefill_ctx
-                   + self.per_decode_ctx * decode_ctx, 1e-4)
-
-    def price(self, record: Sequence[float]) -> float:
-        """The cost of a recorded step (a ``bench_scheduler.py`` ``comp`` row; rows without the decode-context
-        column price it at 0)."""
-        return self.cost(record[2], record[3], record[5], record[6] if len(record) > 6 else 0.0)
-
-
-def step_composition(scheduler: Any, output: Any) -> tuple[int, int, int, float, float]:
-    """(requests, tokens, prefill tokens, prefill context, decode context) of a step, read right after
-    ``schedule()`` (which has already advanced ``num_computed_tokens``)."""
-    n_tok = pre_tok = 0
-    pre_ctx = dec_ctx = 0.0
-    for rid, n_sched in output.num_scheduled_tokens.items():
-        n_tok += n_sched
-        req = scheduler.requests.get(rid)
-        if req is None:
-            continue
-        before = req.num_computed_tokens - n_sched
-        if before < req.num_prompt_tokens:
-            pre_tok += n_sched
-            pre_ctx += n_sched * (before + n_sched / 2)
-        else:
-            dec_ctx += before + n_sched
-    return len(output.num_scheduled_tokens), n_tok, pre_tok, pre_ctx, dec_ctx
-
-
 def fit_cost_model(records: Sequence[Sequence[float]], max_gap_s: float = 2.0) -> tuple[StepCostModel, dict]:
-    """Least-squares fit of :class:`StepCostModel` to per-step records ``[time, schedule_s, n_reqs, tokens,
-    prefill_tokens, prefill_ctx(, decode_ctx)]`` (``bench_scheduler.py``'s ``comp`` rows; see
-    :func:`step_composition`): a step's duration is the time to the next ``schedule()`` call, for back-to-back
-    steps only (gaps over ``max_gap_s`` are idle time). The decode-context term is fitted only when every step
-    used has that column (older results files do not). Returns the model and fit statistics (steps used, R^2,
-    median relative error, whether the decode term was fitted)."""
-    import numpy as np
-
+    """Least-squares fit of :class:`StepCostModel` (:class:`~.costs.CostFit`, the solver the scheduler uses online) to
+    per-step records ``[time, schedule_s, n_reqs, tokens, prefill_tokens, prefill_ctx(, decode_ctx)]``
+    (``bench_scheduler.py``'s ``comp`` rows; see :func:`~.vllm_scheduler.step_composition`): a step's duration is the
+    time to the next ``schedule()`` call, for back-to-back steps only (gaps over ``max_gap_s`` are idle time). The
+    decode-context term is fitted only when every step used has that column (older results files do not). Returns
+    the model and fit statistics (steps used, R^2, median relative error, whether the decode term was fitted)."""
     used, y = [], []
     for a, b in zip(records, records[1:]):
         dt = b[0] - a[0]
@@ -84,17 +41,14 @@ def fit_cost_model(records: Sequence[Sequence[float]], max_gap_s: float = 2.0) -
     if len(used) < 8:
         raise ValueError(f"need at least 8 back-to-back steps to fit, got {len(used)}")
     with_decode = all(len(a) > 6 for a in used)
-    rows = [[1.0, a[2], a[3], a[5]] + ([a[6]] if with_decode else []) for a in used]
-    x, yv = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
-    scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
-    coef, *_ = np.linalg.lstsq(x / scale, yv, rcond=None)
-    coef = np.maximum(coef / scale, 0.0)  # a negative per-unit cost is noise, not physics
-    pred = x @ coef
-    ss_res = float(((yv - pred) ** 2).sum())
-    ss_tot = float(((yv - yv.mean()) ** 2).sum()) or 1.0
-    model = StepCostModel(*map(float, coef))
-    return model, {"steps": len(y), "r2": 1.0 - ss_res / ss_tot,
-                   "median_rel_err": float(np.median(np.abs(pred - yv) / yv)), "decode_ctx_term": with_decode}
+    fit = CostFit()
+    fit.add_many((features(a[2], a[3], a[5], a[6] if with_decode else 0.0), dt) for a, dt in zip(used, y))
+    model = fit.solve()
+    if model is None:
+        raise ValueError("the step records do not determine a cost model (singular)")
+    errors = sorted(abs(model.price(a) - dt) / dt for a, dt in zip(used, y))
+    return model, {"steps": len(y), "r2": fit.r2(model), "median_rel_err": errors[len(errors) // 2],
+                   "decode_ctx_term": with_decode}
 
 
 class _Clock:
@@ -151,11 +105,15 @@ def build_scheduler(model_dir: str, cls: Any = None, *, policy: PolicyConfig | N
 
 
 def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float], cost: StepCostModel, *,
-             token_weighted: bool, policy: PolicyConfig | None = None, **engine: Any) -> dict:
+             token_weighted: bool, policy: PolicyConfig | None = None, warm: dict | None = None,
+             **engine: Any) -> dict:
     """Replay one trace (``requests``: dicts with ``i``, ``prompt_len``, ``max_tokens``, ``long``; ``arrivals``:
     seconds from the trace start) through a real scheduler on a virtual clock. Returns the same shape as
     ``bench_scheduler``'s replay: ``requests`` (arrival, ttft, e2e, done, out_tokens, ...), ``t_first_arrival``,
-    ``t_end``, plus ``steps`` (``[time, n_admitted, 0.0]``) and the virtual time spent."""
+    ``t_end``, plus ``steps`` (``[time, n_admitted, 0.0]``), ``warm`` (the step-cost fit of this run's steps and its
+    mean requests per step) and the virtual time spent. ``warm`` (another run's) starts the token-weighted scheduler's
+    online cost fit from that run's, as on an engine that has been serving the same traffic (a fresh one weighs by
+    tokens for its first ``COST_MIN_STEPS`` steps)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
@@ -164,10 +122,13 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
 
     os.environ.setdefault("QWEN_VLLM_EXT_INSTANCE_DIR", tempfile.mkdtemp(prefix="qwen-sim-"))
     clock = _Clock(T0)
-    from .vllm_scheduler import TokenWeightedScheduler
+    from .vllm_scheduler import TokenWeightedScheduler, step_composition
 
     scheduler = build_scheduler(model_dir, TokenWeightedScheduler if token_weighted else None, policy=policy,
                                 clock=clock, **engine)
+    if token_weighted and warm is not None:
+        scheduler.qwen_warm_costs(warm["fit"], warm["batch"])
+    fit, batch_sum, busy_steps = CostFit(), 0, 0
     hasher = get_request_block_hasher(scheduler.cache_config.block_size, sha256)
     ids = itertools.count()
     order = sorted(range(len(requests)), key=lambda k: arrivals[k])
@@ -191,12 +152,16 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
             clock.t = T0 + arrivals[order[nxt]]
             continue
         output = scheduler.schedule()
-        n_reqs, tokens, _, pre_ctx, dec_ctx = step_composition(scheduler, output)
+        n_reqs, tokens, _, pre_ctx, dec_ctx = step_composition(scheduler.requests, output)
         admitted = [rid for rid in output.num_scheduled_tokens if rid not in seen]
         seen.update(admitted)
         if admitted:
             steps.append([clock.t, len(admitted), 0.0])
-        clock.t += cost.cost(n_reqs, tokens, pre_ctx, dec_ctx)
+        dt = cost.cost(n_reqs, tokens, pre_ctx, dec_ctx)
+        clock.t += dt
+        fit.add(features(n_reqs, tokens, pre_ctx, dec_ctx), dt)
+        batch_sum += n_reqs
+        busy_steps += 1
         req_ids = list(output.num_scheduled_tokens)
         samplers = {rid for rid in req_ids
                     if rid in scheduler.requests and not scheduler.requests[rid].is_prefill_chunk}
@@ -218,5 +183,5 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
                         "ttft": first[rid] - arrival, "e2e": done[rid] - arrival, "done": done[rid],
                         "out_tokens": out_tokens.get(rid, 0)})
     return {"t0": T0, "t_first_arrival": T0 + min(arrivals), "t_end": max(x["done"] for x in results),
-            "requests": results, "steps": steps,
+            "requests": results, "steps": steps, "warm": {"fit": fit, "batch": batch_sum / max(busy_steps, 1)},
             "qwen_stats": scheduler.qwen_stats.snapshot() if token_weighted else None}

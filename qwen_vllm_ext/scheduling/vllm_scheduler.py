@@ -11,7 +11,8 @@ pops it when admitted, ``break`` s on KV-allocation failure and *prepends* preem
 :class:`TokenWeightedRequestQueue` keeps
 
 * a FIFO **front lane** for everything prepended (preempted, skipped), served first, in order;
-* a **scored lane**: overdue requests (waited ``max_wait_s``) first in arrival order, then the rest by
+* a **scored lane**: overdue requests (waited ``max_wait_s``, or past their FCFS slip deadline) first in arrival
+  order, then the rest by
   the policy's rank key (:mod:`.policy`), re-sorted once per ``schedule()`` — never between a peek and the
   following pop, so peek and pop return the same request. The queue measures the weight arriving and the weight
   admitted per second; their ratio (the overload factor) scales the aging half-life. It also sums the weight
@@ -38,8 +39,9 @@ from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, aging_clock, expected_output_tokens, group_window,
-                     half_life, is_overdue, lane_key, load_factor, rank_key, weight)
+from .costs import CostFit, StepCostModel, features
+from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, SlipFloor, aging_clock, expected_output_tokens, group_window,
+                     half_life, is_overdue, lane_key, load_factor, rank_key, slip_deadline, weight)
 
 __all__ = [
     "TokenWeightedRequestQueue",
@@ -47,6 +49,7 @@ __all__ = [
     "TokenWeightedScheduler",
     "TokenWeightedAsyncScheduler",
     "pick_scheduler_cls",
+    "step_composition",
 ]
 
 
@@ -56,7 +59,11 @@ class _Entry(Job):
     rank: float = 0.0
     sort: tuple = ()
     overdue: bool = False
+    slipped: bool = False
+    """Overdue by its slip deadline (not by ``max_wait_s``)."""
     removed: bool = False
+    queued_w: float = 0.0
+    """The weight this request adds to the queue's ``queued_weight`` while it is in the scored lane."""
 
 
 def _sort_tuple(e: _Entry, use_priority: bool, fcfs: bool) -> tuple:
@@ -99,14 +106,26 @@ class TokenWeightedRequestQueue(RequestQueue):
         """Weight arriving per second (fed by add_request)."""
         self.work = 0.0
         """The work clock: total weight admitted so far (fed by record_admitted)."""
+        self.costs: StepCostModel | None = None
+        """The engine's measured step-cost model (set by the scheduler with ``measured_costs``; None: token
+        weight)."""
+        self.batch = 1.0
+        """The engine's mean requests per step (shares a step's base cost among its requests)."""
+        self.await_costs = False
+        """Order the scored lane by arrival while no cost model is set (the scheduler sets this with
+        ``measured_costs``: until the engine knows its costs it cannot tell whether reordering pays)."""
+        self.slip_floor = SlipFloor(config.slip_floor_quantile)
+        self.queued_weight = 0.0
+        """Weight of the requests in the scored lane (each counted at its arrival estimate): what FCFS would admit
+        before a request arriving now, the base of its slip deadline."""
         self.load = 1.0
         """The overload factor of the last refresh() (arriving / admitted weight rate, clamped; 1.0 = unknown)."""
         self._rank_load = 1.0
         self.half_life = half_life(config, 1.0)
         """The aging half-life the ranks were computed with (at overload factor ``_rank_load``), in the unit of the
         aging clock: tokens of admitted weight, or seconds."""
-        # Requests popped since begin_step() -> whether they came through the overdue (max-wait) lane.
-        self.step_popped: dict[Request, bool] = {}
+        # Requests popped since begin_step() -> which overdue reason brought them: "max_wait", "slip" or None.
+        self.step_popped: dict[Request, str | None] = {}
 
     # ---- policy ---------------------------------------------------------------------------------
     def _cached_tokens(self, request: Request) -> int:
@@ -116,14 +135,44 @@ class TokenWeightedRequestQueue(RequestQueue):
         hit = self._lookup(request)
         return max(int(hit or 0), 0)
 
+    def weigh(self, uncached: int, cached: int, expected_output: int) -> float:
+        """A request's weight: its measured cost in prefill-token equivalents when a cost model is set, else the
+        token weight (uncached prompt + output_weight x expected output)."""
+        if self.costs is not None:
+            w = self.costs.request_weight(uncached, cached, expected_output, self.batch)
+            if w is not None:
+                return w
+        return weight(uncached, expected_output, self.config)
+
+    def _weight_of(self, e: _Entry) -> float:
+        cached = min(e.cached_tokens, e.prompt_tokens)
+        return self.weigh(e.prompt_tokens - cached, cached,
+                          expected_output_tokens(e.max_tokens, e.extra_args, self.config))
+
     def _rescore(self, e: _Entry) -> None:
         request: Request = e.payload
         e.prompt_tokens = request.num_tokens
         arrival = aging_clock(e, self.config)
         if self._epoch is None:
             self._epoch = arrival
-        e.w = e.weight(self.config)
+        e.w = self._weight_of(e)
         e.rank = rank_key(e.w, arrival, self.config, self._epoch, self._rank_load)
+
+    def set_costs(self, costs: StepCostModel | None, batch: float) -> None:
+        """Weigh by ``costs`` (at ``batch`` requests per step) from now on: every waiting request is re-weighed and
+        re-ranked, and the queued weight recounted; slip deadlines already given are kept (the slip floor's history
+        restarts when the weight's unit changes: token weight to measured costs or back)."""
+        if (costs is None) != (self.costs is None):
+            self.slip_floor.clear()
+        self.costs, self.batch = costs, max(batch, 1.0)
+        total = 0.0
+        for e in self._lane[self._head:]:
+            if e.removed:
+                continue
+            e.w = e.queued_w = self._weight_of(e)
+            e.rank = rank_key(e.w, aging_clock(e, self.config), self.config, self._epoch or 0.0, self._rank_load)
+            total += e.w
+        self.queued_weight = total
 
     def refresh(self, now: float, max_lookups: int | None = None) -> None:
         """Re-sort the scored lane for the step starting at ``now`` (the only place its order changes).
@@ -144,9 +193,10 @@ class TokenWeightedRequestQueue(RequestQueue):
                 e.rank = rank_key(e.w, aging_clock(e, cfg), cfg, self._epoch or 0.0, self._rank_load)
         num_scored = 0
         for e in live:
-            e.overdue = is_overdue(e.arrival_time, now, cfg)
+            e.overdue = is_overdue(e.arrival_time, now, cfg, self.work, e.deadline_work)
+            e.slipped = e.overdue and not is_overdue(e.arrival_time, now, cfg)
             num_scored += not e.overdue
-        self._fcfs = 0 < cfg.fcfs_above < num_scored
+        self._fcfs = 0 < cfg.fcfs_above < num_scored or (self.await_costs and self.costs is None)
         for e in live:
             e.sort = _sort_tuple(e, self._use_priority, self._fcfs)
         live.sort(key=_sort_of)
@@ -171,7 +221,7 @@ class TokenWeightedRequestQueue(RequestQueue):
 
     def _group(self, live: list[_Entry], start: int) -> list[_Entry]:
         end = min(len(live), start + max(self.config.lookup_candidates, 2))
-        weights = [0.0] * start + [e.weight(self.config) for e in live[start:end]]
+        weights = [0.0] * start + [e.w for e in live[start:end]]
         weights += [0.0] * (len(live) - end)
         # The window's sort tuples are no longer monotone; that only affects where a request added
         # before the next refresh() is inserted (the scheduler always refreshes first).
@@ -204,7 +254,11 @@ class TokenWeightedRequestQueue(RequestQueue):
             e.cached_tokens = self._cached_tokens(request)
         self._rescore(e)
         self.arriving_rate.record(e.arrival_time, e.w)
-        e.overdue = is_overdue(e.arrival_time, self._now, self.config)
+        floor = self.slip_floor.observe(self.queued_weight) if self.config.max_slip > 0 else 0.0
+        e.deadline_work = slip_deadline(self.work, self.queued_weight, self.config, floor)
+        e.queued_w = e.w
+        self.queued_weight += e.w
+        e.overdue = is_overdue(e.arrival_time, self._now, self.config, self.work, e.deadline_work)
         e.sort = _sort_tuple(e, self._use_priority, self._fcfs)
         self._members[request] = e
         if self._head and self._head * 2 > len(self._lane):
@@ -221,15 +275,15 @@ class TokenWeightedRequestQueue(RequestQueue):
     def pop_request(self) -> Request:
         if self._front:
             request = self._front.popleft()
-            self.step_popped[request] = False
+            self.step_popped[request] = None
             return request
         e = self._next_entry()
         if e is None:
             raise IndexError("pop from an empty queue")
         self._head += 1
-        e.removed = True
         del self._members[e.payload]
-        self.step_popped[e.payload] = e.overdue
+        self._drop(e)
+        self.step_popped[e.payload] = ("slip" if e.slipped else "max_wait") if e.overdue else None
         return e.payload
 
     def peek_request(self) -> Request:
@@ -240,10 +294,15 @@ class TokenWeightedRequestQueue(RequestQueue):
             raise IndexError("peek from an empty queue")
         return e.payload
 
+    def _drop(self, e: _Entry) -> None:
+        """Mark a scored-lane entry gone (its weight leaves ``queued_weight``)."""
+        e.removed = True
+        self.queued_weight = max(self.queued_weight - e.queued_w, 0.0) if self._members else 0.0
+
     def _leave_scored_lane(self, request: Request) -> None:
         e = self._members.pop(request, None)
         if e is not None:  # never the case in vLLM's use; keeps every request in one lane only
-            e.removed = True
+            self._drop(e)
 
     def prepend_request(self, request: Request) -> None:
         self._leave_scored_lane(request)
@@ -260,7 +319,7 @@ class TokenWeightedRequestQueue(RequestQueue):
     def remove_request(self, request: Request) -> None:
         e = self._members.pop(request, None)
         if e is not None:
-            e.removed = True
+            self._drop(e)
         else:
             self._front.remove(request)
 
@@ -270,7 +329,7 @@ class TokenWeightedRequestQueue(RequestQueue):
         for request in targets:
             e = self._members.pop(request, None)
             if e is not None:
-                e.removed = True
+                self._drop(e)
             else:
                 in_front = True
         if in_front and self._front:
@@ -324,6 +383,11 @@ class TokenWeightedMixin:
         self.qwen_clock: Callable[[], float] = time.time
         self.qwen_stats = AdmissionStats()
         self.qwen_policy = _settings_policy()
+        self.qwen_costs = CostFit(COST_FORGET)
+        """The online step-cost fit (fed every step; solved every ``COST_REFIT_STEPS``)."""
+        self.qwen_batch = 0.0
+        """Requests per step, exponentially averaged over busy steps."""
+        self._qwen_last_step: tuple[float, tuple[float, ...]] | None = None
         self._qwen_install_queue()
 
     def _qwen_install_queue(self) -> None:
@@ -331,16 +395,20 @@ class TokenWeightedMixin:
         new = TokenWeightedRequestQueue(
             self.qwen_policy, lookup=self._qwen_cached_tokens,
             use_priority=self.policy == SchedulingPolicy.PRIORITY, stats=self.qwen_stats)
+        new.await_costs = self.qwen_policy.measured_costs
         # Empty right after __init__; qwen_configure() carries the waiting requests over.
         if isinstance(old, TokenWeightedRequestQueue):
             front, scored = old.front_lane, [r for r in old if r not in set(old.front_lane)]
         else:
             front = [r for r in old if r.status == RequestStatus.PREEMPTED]
             scored = [r for r in old if r.status != RequestStatus.PREEMPTED]
+        if isinstance(old, TokenWeightedRequestQueue):
+            new.work = old.work
         new._front.extend(front)
         for request in scored:
             new.add_request(request)
         self.waiting = new
+        self._qwen_apply_costs()
 
     def qwen_configure(self, policy: PolicyConfig | None = None,
                        clock: Callable[[], float] | None = None) -> None:
@@ -370,6 +438,7 @@ class TokenWeightedMixin:
 
     def schedule(self, *args: Any, **kwargs: Any):
         now = self.qwen_clock()
+        self._qwen_observe_step(now)
         queue = self.waiting
         queue.refresh(now, max_lookups=2 * self._qwen_free_slots())
         queue.begin_step()
@@ -381,8 +450,47 @@ class TokenWeightedMixin:
     def update_from_output(self, *args: Any, **kwargs: Any):
         outputs = super().update_from_output(*args, **kwargs)
         if not self.has_unfinished_requests():
+            self._qwen_last_step = None  # the engine goes idle: the next interval is not a step's duration
             _publish(self, self.qwen_clock(), idle=True)
         return outputs
+
+    # ---- the engine's own costs -------------------------------------------------------------------
+    def _qwen_observe_step(self, now: float) -> None:
+        """Feed the previous step (its composition, and its duration: the time from its ``schedule()`` to this
+        one) to the online cost fit; re-solve every ``COST_REFIT_STEPS`` steps."""
+        last, self._qwen_last_step = self._qwen_last_step, None
+        if last is None:
+            return
+        started, x = last
+        dt = now - started
+        if not 0 < dt <= COST_MAX_GAP_S:
+            return
+        fit = self.qwen_costs
+        fit.add(x, dt)
+        self.qwen_batch = x[1] if fit.samples == 1 else (1 - BATCH_EWMA) * self.qwen_batch + BATCH_EWMA * x[1]
+        if fit.samples >= COST_MIN_STEPS and fit.samples % COST_REFIT_STEPS == 0:
+            self._qwen_apply_costs()
+
+    def qwen_warm_costs(self, fit: CostFit, batch: float) -> None:
+        """Start the online cost fit from ``fit`` (a copy) and ``batch`` requests per step: a scheduler restarted on
+        an engine whose costs are known, or a simulation of one that has been serving (:mod:`.sim`)."""
+        import copy
+
+        self.qwen_costs = copy.deepcopy(fit)
+        self.qwen_costs.forget = COST_FORGET
+        self.qwen_batch = batch
+        self._qwen_apply_costs(min_steps=0)
+
+    def _qwen_apply_costs(self, min_steps: int | None = None) -> None:
+        """Give the queue the current cost fit (with ``measured_costs`` and ``min_steps`` steps fitted; else None:
+        the token weight, or arrival order while ``measured_costs`` waits for a fit)."""
+        model = None
+        min_steps = COST_MIN_STEPS if min_steps is None else min_steps
+        if self.qwen_policy.measured_costs and self.qwen_costs.samples >= min_steps:
+            model = self.qwen_costs.solve()
+            if model is not None and not model.per_token > 0:
+                model = None
+        self.waiting.set_costs(model, self.qwen_batch)
 
     def _qwen_record_step(self, output: Any, now: float) -> None:
         popped = self.waiting.step_popped
@@ -390,29 +498,40 @@ class TokenWeightedMixin:
         cfg = self.qwen_policy
         weights: list[float] = []
         waits: list[float] = []
-        overdue = cache_hits = prompt_tokens = 0
-        for request, was_overdue in popped.items():
+        overdue = slipped = cache_hits = prompt_tokens = 0
+        queue = self.waiting
+        if scheduled:
+            self._qwen_last_step = (now, features(*step_composition(self.requests, output, prefill_tokens=False)))
+        for request, reason in popped.items():
             if request.status != RequestStatus.RUNNING or request.request_id not in scheduled:
                 continue  # skipped (re-prepended) or handed to an async KV load
             cached = max(request.num_computed_tokens - scheduled[request.request_id], 0)
             expected = expected_output_tokens(request.max_tokens, _extra_args(request), cfg)
-            weights.append(weight(request.num_tokens - cached, expected - request.num_output_tokens, cfg))
-            overdue += was_overdue
+            weights.append(queue.weigh(request.num_tokens - cached, cached, expected - request.num_output_tokens))
+            overdue += reason == "max_wait"
+            slipped += reason == "slip"
             if request.num_preemptions == 0:
                 waits.append(max(now - request.arrival_time, 0.0))
                 cache_hits += cached
                 prompt_tokens += request.num_prompt_tokens
-        self.qwen_stats.record_step(weights, waits, overdue, cache_hits, prompt_tokens)
-        self.waiting.record_admitted(now, sum(weights))
-        self.waiting.begin_step()
+        self.qwen_stats.record_step(weights, waits, overdue, cache_hits, prompt_tokens, slipped)
+        queue.record_admitted(now, sum(weights))
+        queue.begin_step()
 
     def qwen_status(self) -> dict[str, Any]:
         """What the health route can show: the class, the policy and the stats snapshot."""
+        queue = self.waiting
+        costs = queue.costs
         return {
             "scheduler": type(self).__name__,
             "policy": dataclasses.asdict(self.qwen_policy),
-            "stats": {**self.qwen_stats.snapshot(), "load_factor": self.waiting.load,
-                      "admitted_weight": self.waiting.work, **self.waiting.half_life_stat()},
+            "stats": {**self.qwen_stats.snapshot(), "load_factor": queue.load,
+                      "admitted_weight": queue.work, **queue.half_life_stat(),
+                      "cost_steps_fitted": self.qwen_costs.samples,
+                      "output_token_weight": costs.output_weight(0, self.qwen_batch) if costs is not None else None},
+            "costs": {"model": dataclasses.asdict(costs) if costs is not None else None,
+                      "steps_fitted": self.qwen_costs.samples, "batch": self.qwen_batch,
+                      "output_token_weight": costs.output_weight(0, self.qwen_batch) if costs is not None else None},
         }
 
 
@@ -430,6 +549,27 @@ class TokenWeightedScheduler(TokenWeightedMixin, Scheduler):
 
 class TokenWeightedAsyncScheduler(TokenWeightedScheduler, AsyncScheduler):
     """Token-weighted ``AsyncScheduler`` (MRO: mixin, then AsyncScheduler, then Scheduler)."""
+
+
+def step_composition(requests: dict[str, Request], output: Any, *, prefill_tokens: bool = True) -> tuple:
+    """(requests, tokens, prefill tokens, prefill context, decode context) of a step, read right after
+    ``schedule()`` (which has already advanced ``num_computed_tokens``); ``requests``: the scheduler's by id. Without
+    ``prefill_tokens`` the third item is left out: the regressors of :func:`~.costs.features`."""
+    n_tok = pre_tok = 0
+    pre_ctx = dec_ctx = 0.0
+    for rid, n_sched in output.num_scheduled_tokens.items():
+        n_tok += n_sched
+        req = requests.get(rid)
+        if req is None:
+            continue
+        before = req.num_computed_tokens - n_sched
+        if before < req.num_prompt_tokens:
+            pre_tok += n_sched
+            pre_ctx += n_sched * (before + n_sched / 2)
+        else:
+            dec_ctx += before + n_sched
+    n = len(output.num_scheduled_tokens)
+    return (n, n_tok, pre_tok, pre_ctx, dec_ctx) if prefill_tokens else (n, n_tok, pre_ctx, dec_ctx)
 
 
 def pick_scheduler_cls(vllm_config: Any) -> type[TokenWeightedScheduler]:
@@ -450,6 +590,16 @@ PATCH_TARGETS = {
     "vllm.v1.core.sched.request_queue:RequestQueue": {"0.32.0": "c69f67068c484470", "0.33.0": "c69f67068c484470"},
 }
 PUBLISH_EVERY_S = 1.0
+COST_FORGET = 0.999
+"""The online cost fit forgets old steps by this factor per step (a memory of about a thousand steps)."""
+COST_MIN_STEPS = 200
+"""Busy steps the fit needs before its costs replace the token weight."""
+COST_REFIT_STEPS = 50
+"""The fit is re-solved (and every waiting request re-weighed) every this many steps."""
+COST_MAX_GAP_S = 2.0
+"""An interval between two ``schedule()`` calls longer than this is idle time, not a step."""
+BATCH_EWMA = 0.01
+"""Weight of the newest step in the requests-per-step average."""
 
 
 def install(settings) -> bool:

@@ -28,6 +28,13 @@ from qwen_vllm_ext.scheduling.vllm_scheduler import (
 
 BLOCK = 16
 T0 = 1_000_000.0
+TOKEN_ORDER = {"measured_costs": False, "max_slip": 0.0}
+"""Most tests here check the token-weighted order itself: no measured costs (a fresh scheduler would admit in
+arrival order until its cost fit is ready) and no FCFS slip bound (an empty queue makes a request due at once)."""
+
+
+def P(**overrides) -> PolicyConfig:
+    return PolicyConfig(**{**TOKEN_ORDER, **overrides})
 
 
 class Clock:
@@ -52,7 +59,7 @@ def make_config(model_dir, *, num_blocks=1000, max_num_seqs=16, max_num_batched_
 
 
 def make_scheduler(model_dir, cls=TokenWeightedScheduler, *, policy=None, clock=None, **kwargs):
-    return build_scheduler(model_dir, cls, policy=policy, clock=clock or Clock(), log_stats=True, block_size=BLOCK,
+    return build_scheduler(model_dir, cls, policy=policy or P(), clock=clock or Clock(), log_stats=True, block_size=BLOCK,
                            **{"num_blocks": 1000, "max_num_seqs": 16, "max_model_len": 2048, **kwargs})
 
 
@@ -168,7 +175,7 @@ def test_client_hint_and_max_tokens_shape_the_weight(model_dir):
 
 
 def test_prefix_lookups_are_bounded(model_dir):
-    scheduler = make_scheduler(model_dir, max_num_seqs=2, policy=PolicyConfig(lookup_candidates=3))
+    scheduler = make_scheduler(model_dir, max_num_seqs=2, policy=P(lookup_candidates=3))
     for i in range(2):
         scheduler.add_request(make_request(f"busy{i}", 20, max_tokens=50))
     step(scheduler)
@@ -190,7 +197,7 @@ def test_prefix_lookups_are_bounded(model_dir):
 
 def test_request_past_max_wait_goes_first(model_dir):
     clock = Clock(T0 + 10.0)
-    scheduler = make_scheduler(model_dir, policy=PolicyConfig(max_wait_s=5.0), clock=clock,
+    scheduler = make_scheduler(model_dir, policy=P(max_wait_s=5.0), clock=clock,
                                max_num_batched_tokens=512)
     scheduler.add_request(make_request("young-long", 1200, arrival=T0 + 6.0))
     scheduler.add_request(make_request("old-long", 1500, arrival=T0))
@@ -204,7 +211,7 @@ def test_request_past_max_wait_goes_first(model_dir):
     assert scheduler.qwen_stats.queue_wait_s[-1] == pytest.approx(10.0)
     # Below the limit the same "old-long" would have waited behind the shorts.
     clock.t = T0 + 4.0
-    relaxed = make_scheduler(model_dir, policy=PolicyConfig(max_wait_s=5.0), clock=clock)
+    relaxed = make_scheduler(model_dir, policy=P(max_wait_s=5.0), clock=clock)
     relaxed.add_request(make_request("old-long", 1500, arrival=T0))
     relaxed.add_request(make_request("short", 30, arrival=T0 + 3.0))
     assert [r.req_id for r in relaxed.schedule().scheduled_new_reqs] == ["short", "old-long"]
@@ -216,7 +223,7 @@ def test_measured_overload_lengthens_the_half_life(model_dir):
     arrived longer ago than it could at capacity."""
     def run(exponent: float) -> tuple[list[str], object]:
         clock = Clock(T0)
-        scheduler = make_scheduler(model_dir, clock=clock, policy=PolicyConfig(
+        scheduler = make_scheduler(model_dir, clock=clock, policy=P(
             max_wait_s=0, aging_half_life_tokens=0, aging_half_life_s=1.0, aging_load_exponent=exponent))
         scheduler.add_request(make_request("warm", 1000, arrival=T0))
         step(scheduler)  # admits "warm" (weight 1000 + 0.7 x 8) at T0: the only admission so far
@@ -242,7 +249,7 @@ def test_work_clock_counts_admitted_weight_and_ignores_wall_time(model_dir):
     request overtakes a heavy one only if less than log2(weight ratio) half-lives of weight were admitted between
     their arrivals — the same order whether those admissions took 0.1 s or 60 s (an engine's speed does not change
     the order)."""
-    policy = PolicyConfig(max_wait_s=0, aging_half_life_tokens=1000, aging_load_exponent=0)
+    policy = P(max_wait_s=0, aging_half_life_tokens=1000, aging_load_exponent=0)
 
     def first(seconds_between: float, admitted_between: float) -> str:
         queue = TokenWeightedRequestQueue(policy)
@@ -266,6 +273,85 @@ def test_work_clock_counts_admitted_weight_and_ignores_wall_time(model_dir):
     status = scheduler.qwen_status()["stats"]
     assert status["admitted_weight"] == scheduler.waiting.work
     assert status["half_life_tokens"] == 1000.0 and status["half_life_s"] is None
+
+
+def test_slip_bound_keeps_each_request_within_its_fcfs_work(model_dir):
+    """With ``max_slip`` a request becomes overdue (arrival-order lane) once the weight admitted since it arrived
+    exceeds (1 + max_slip) x the weight that was waiting ahead of it: lighter requests overtake it only until then."""
+    policy = P(max_wait_s=0, aging_half_life_tokens=0, aging_half_life_s=0, max_slip=0.5)
+    queue = TokenWeightedRequestQueue(policy)
+    queue.add_request(make_request("ahead", 1000, max_tokens=1, arrival=T0))
+    queue.add_request(make_request("long", 1600, max_tokens=1, arrival=T0 + 1))
+    assert queue.queued_weight == pytest.approx(1000.7 + 1600.7)
+    (long_entry,) = [e for e in queue._lane if e.payload.request_id == "long"]
+    assert long_entry.deadline_work == pytest.approx(1.5 * 1000.7)  # FCFS would admit it after "ahead"
+    assert queue.pop_request().request_id == "ahead"                 # lighter of the two
+    queue.record_admitted(T0 + 2, 1000.7)
+    assert queue.queued_weight == pytest.approx(1600.7)
+    queue.add_request(make_request("short1", 100, max_tokens=1, arrival=T0 + 3))
+    queue.refresh(T0 + 3)
+    assert queue.peek_request().request_id == "short1"              # 1000.7 < 1501: may still overtake
+    queue.pop_request()
+    queue.record_admitted(T0 + 3, 100.7)
+    queue.add_request(make_request("short2", 100, max_tokens=1, arrival=T0 + 4))
+    queue.record_admitted(T0 + 4, 450.0)                             # e.g. a resumed request's weight
+    queue.refresh(T0 + 4)
+    assert queue.work >= long_entry.deadline_work
+    assert [r.request_id for r in queue] == ["long", "short2"]       # overdue: before the lighter request
+    # Without the bound the light request keeps overtaking.
+    free = TokenWeightedRequestQueue(P(max_wait_s=0, aging_half_life_tokens=0, aging_half_life_s=0))
+    free.add_request(make_request("long", 1600, max_tokens=1, arrival=T0))
+    free.record_admitted(T0, 1e9)
+    free.add_request(make_request("short", 100, max_tokens=1, arrival=T0 + 1))
+    free.refresh(T0 + 1)
+    assert free.peek_request().request_id == "short"
+    # The queued weight is what is still waiting, whichever way requests leave.
+    for request in list(queue):
+        queue.remove_request(request)
+    assert queue.queued_weight == 0.0 and not queue
+
+
+def test_measured_costs_replace_the_token_weight(model_dir):
+    """The scheduler fits its own step costs online (from the time between schedule() calls and each step's
+    composition) and, after COST_MIN_STEPS busy steps, weighs requests in prefill-token equivalents: on an engine
+    whose batch slots are the bottleneck an output token weighs many prompt tokens, so a long prompt is no longer
+    ~15x a short one; with ``measured_costs`` off the token weight stays."""
+    from qwen_vllm_ext.scheduling import vllm_scheduler as vs
+    from qwen_vllm_ext.scheduling.costs import StepCostModel
+
+    slot_bound = StepCostModel(base=0.0053, per_request=5.1e-4, per_token=7.3e-6, per_ctx=4.4e-9)
+
+    def run(measured: bool):
+        clock = Clock(T0)
+        scheduler = make_scheduler(model_dir, clock=clock, policy=P(measured_costs=measured),
+                                   max_num_seqs=16, max_num_batched_tokens=1024)
+        rng = random.Random(0)
+        for i in range(400):
+            scheduler.add_request(make_request(f"r{i}", rng.choice([40, 90, 300, 900]), max_tokens=rng.randint(8, 24),
+                                               arrival=T0))
+        steps = 0
+        while scheduler.has_unfinished_requests():
+            output = scheduler.schedule()
+            n, tokens, _, pre_ctx, dec_ctx = vs.step_composition(scheduler.requests, output)
+            clock.t += slot_bound.cost(n, tokens, pre_ctx, dec_ctx)
+            samplers = set(sampling_ids(scheduler, output))
+            scheduler.update_from_output(output, runner_output(output, samplers))
+            steps += 1
+        return scheduler, steps
+
+    scheduler, steps = run(True)
+    assert steps > vs.COST_MIN_STEPS
+    costs = scheduler.waiting.costs
+    assert costs is not None and costs.per_token == pytest.approx(7.3e-6, rel=0.05)
+    assert costs.per_request == pytest.approx(5.1e-4, rel=0.05)
+    status = scheduler.qwen_status()["costs"]
+    assert status["steps_fitted"] == scheduler.qwen_costs.samples > vs.COST_MIN_STEPS
+    assert status["output_token_weight"] > 50
+    queue = scheduler.waiting
+    assert queue.weigh(2000, 0, 16) / queue.weigh(100, 0, 16) < 3          # token weight: (2011 / 111) = 18
+    off, _ = run(False)
+    assert off.waiting.costs is None and off.qwen_costs.samples > vs.COST_MIN_STEPS
+    assert off.waiting.weigh(2000, 0, 16) == pytest.approx(2000 + 0.7 * 16)
 
 
 def test_status_is_published_throttled_while_busy_and_at_once_when_idle(model_dir, tmp_path, monkeypatch):
@@ -305,8 +391,9 @@ def test_simulator_replays_a_trace_through_the_real_schedulers(model_dir):
     reqs = [{"i": i, "prompt_len": 1500 if i % 4 == 0 else 60, "max_tokens": 4 + i % 5, "long": i % 4 == 0}
             for i in range(24)]
     arrivals = [0.05 * i for i in range(24)]  # faster than the engine: a queue builds
-    runs = {tw: simulate(model_dir, reqs, arrivals, cost, token_weighted=tw, max_num_seqs=8,
-                         max_num_batched_tokens=512, max_model_len=2048) for tw in (False, True)}
+    engine = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 2048}
+    runs = {tw: simulate(model_dir, reqs, arrivals, cost, token_weighted=tw, policy=P(), **engine)
+            for tw in (False, True)}
     for run in runs.values():
         assert sorted(r["i"] for r in run["requests"]) == list(range(24))
         assert all(r["out_tokens"] == r["max_tokens"] and 0 < r["ttft"] <= r["e2e"] for r in run["requests"])
@@ -316,6 +403,14 @@ def test_simulator_replays_a_trace_through_the_real_schedulers(model_dir):
 
     assert short_mean(runs[True]) < 0.7 * short_mean(runs[False])
     assert runs[True]["qwen_stats"]["admitted"] == 24 and runs[False]["qwen_stats"] is None
+    # The shipped policy: a fresh scheduler has no cost model yet and admits in arrival order (FCFS's TTFTs); one
+    # started from the FCFS run's step-cost fit (an engine that has been serving) reorders, within its slip bound.
+    cold = simulate(model_dir, reqs, arrivals, cost, token_weighted=True, **engine)
+    assert [r["ttft"] for r in cold["requests"]] == pytest.approx([r["ttft"] for r in runs[False]["requests"]])
+    warm = simulate(model_dir, reqs, arrivals, cost, token_weighted=True, warm=runs[False]["warm"], **engine)
+    assert short_mean(warm) < 0.9 * short_mean(runs[False])
+    print("short mean TTFT: FCFS", short_mean(runs[False]), "default warm", short_mean(warm), "slip admissions",
+          warm["qwen_stats"]["slip_admissions"])
 
 
 # ---- preemption and removal ----------------------------------------------------------------------------
@@ -372,7 +467,7 @@ def test_abort_and_remove_work_in_both_lanes(model_dir):
 
 
 def test_queue_lanes_peek_pop_prepend_remove():
-    queue = TokenWeightedRequestQueue(PolicyConfig())
+    queue = TokenWeightedRequestQueue(P())
     queue.refresh(T0 + 1)
     long, short, mid = (make_request("long", 900, arrival=T0), make_request("short", 10, arrival=T0 + 0.1),
                         make_request("mid", 100, arrival=T0 + 0.2))
@@ -401,7 +496,7 @@ def run_random_stream(model_dir, cls, seed: int, *, pipelined: bool) -> dict:
     rnd = random.Random(seed)
     clock = Clock()
     scheduler = make_scheduler(model_dir, cls, clock=clock, num_blocks=64, max_num_seqs=8,
-                               max_num_batched_tokens=256, policy=PolicyConfig(max_wait_s=3.0,
+                               max_num_batched_tokens=256, policy=P(max_wait_s=3.0,
                                                                                lookup_candidates=4),
                                async_scheduling=cls is TokenWeightedAsyncScheduler)
     created: dict[str, int] = {}

@@ -39,3 +39,15 @@ def test_each_engine_reports_its_own_clock(monkeypatch, tmp_path):
     assert got["qwen_ext_sched_aging_half_life_tokens"] == {str(mine): 2500.0}
     assert got["qwen_ext_sched_aging_half_life_seconds"] == {str(parent): pytest.approx(1.44)}
     assert set(got["qwen_ext_sched_admitted"]) == {str(mine), str(parent)}
+
+
+def test_slip_admissions_and_measured_costs_are_exported(monkeypatch, tmp_path):
+    pid = str(os.getpid())
+    got = families(monkeypatch, tmp_path, published(os.getpid(), slip_admissions=3, output_token_weight=92.5,
+                                                    cost_steps_fitted=1200))
+    assert got["qwen_ext_sched_slip_admissions"] == {pid: 3}           # a counter (exposed as ..._total)
+    assert got["qwen_ext_sched_max_wait_admissions"] == {pid: 1}
+    assert got["qwen_ext_sched_output_token_weight"] == {pid: 92.5}
+    assert got["qwen_ext_sched_cost_steps_fitted"] == {pid: 1200}
+    cold = families(monkeypatch, tmp_path, published(os.getpid(), output_token_weight=None, cost_steps_fitted=10))
+    assert cold["qwen_ext_sched_output_token_weight"] == {}            # still weighing by tokens: no gauge

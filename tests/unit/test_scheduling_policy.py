@@ -281,3 +281,34 @@ def test_bad_scheduler_settings_fail_at_resolution_with_the_setting_named():
         with pytest.raises(SettingsError, match=f"setting '{name}': .*must be"):
             Settings.resolve(env={}, cli={name: value})
     assert Settings.resolve(env={}, cli={"sched_aging_load_exponent": 2}).sched_aging_load_exponent == 2.0
+
+
+def test_slip_deadline_and_its_floor():
+    off = PolicyConfig(max_slip=0)
+    assert policy.slip_deadline(100.0, 5000.0, off) == float("inf")          # 0: no bound
+    assert PolicyConfig().max_slip == 0.25                                    # the shipped bound
+    cfg = PolicyConfig(max_slip=0.25)
+    assert policy.slip_deadline(100.0, 4000.0, cfg) == 100.0 + 5000.0        # 1.25 x the weight queued ahead
+    assert policy.slip_deadline(100.0, 0.0, cfg) == 100.0                     # empty queue: due at once (FCFS)
+    assert policy.slip_deadline(100.0, 4000.0, cfg, floor=9000.0) == 9100.0  # the floor lets it wait longer
+    floor = policy.SlipFloor(0.9, history=10)
+    assert floor.observe(50.0) == 0.0                                         # no history yet
+    for ahead in range(1, 10):
+        floor.observe(float(ahead * 100))
+    assert floor.observe(0.0) == 800.0                                        # 0.9-quantile (9th of 50, 100 .. 900)
+    for _ in range(10):
+        floor.observe(0.0)
+    assert floor.observe(0.0) == 0.0                                          # history of the latest 10 only
+    assert policy.SlipFloor(0.0).observe(1e6) == 0.0                          # off
+    with pytest.raises(policy.PolicyError, match="slip_floor_quantile"):
+        PolicyConfig(slip_floor_quantile=1.5)
+    with pytest.raises(policy.PolicyError, match="max_slip"):
+        PolicyConfig(max_slip=-1)
+
+
+def test_reference_order_puts_requests_past_their_slip_deadline_first():
+    cfg = PolicyConfig(max_wait_s=0, aging_half_life_tokens=0, aging_half_life_s=0, max_slip=0.25)
+    long = Job(arrival_time=0.0, prompt_tokens=3000, max_tokens=1, seq=1, deadline_work=1000.0)
+    short = Job(arrival_time=1.0, prompt_tokens=50, max_tokens=1, seq=2, deadline_work=5000.0)
+    assert order([long, short], 2.0, cfg, work=999.0) == [short, long]
+    assert order([long, short], 2.0, cfg, work=1000.0) == [long, short]
