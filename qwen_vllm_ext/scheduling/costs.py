@@ -63,8 +63,7 @@ class StepCostModel:
     def output_weight(self, context: float, batch: float) -> float | None:
         """What one output token weighs in prefill tokens, for a request at ``context`` tokens in a batch of
         ``batch`` (:meth:`request_weight` of one output token with no prompt)."""
-        w = self.request_weight(0, int(context), 1, batch)
-        return w
+        return self.request_weight(0, int(context), 1, batch)
 
 
 def features(n_reqs: float, tokens: float, prefill_ctx: float, decode_ctx: float) -> tuple[float, ...]:

@@ -40,8 +40,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from .costs import CostFit, StepCostModel, features
-from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, SlipFloor, aging_clock, expected_output_tokens, group_window,
-                     half_life, is_overdue, lane_key, load_factor, rank_key, slip_deadline, weight)
+from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, SlipFloor, aging_clock, expected_output_tokens,
+                     group_window, half_life, is_overdue, lane_key, load_factor, rank_key, slip_deadline, weight)
 
 __all__ = [
     "TokenWeightedRequestQueue",
@@ -399,11 +399,10 @@ class TokenWeightedMixin:
         # Empty right after __init__; qwen_configure() carries the waiting requests over.
         if isinstance(old, TokenWeightedRequestQueue):
             front, scored = old.front_lane, [r for r in old if r not in set(old.front_lane)]
+            new.work = old.work
         else:
             front = [r for r in old if r.status == RequestStatus.PREEMPTED]
             scored = [r for r in old if r.status != RequestStatus.PREEMPTED]
-        if isinstance(old, TokenWeightedRequestQueue):
-            new.work = old.work
         new._front.extend(front)
         for request in scored:
             new.add_request(request)
@@ -501,7 +500,8 @@ class TokenWeightedMixin:
         overdue = slipped = cache_hits = prompt_tokens = 0
         queue = self.waiting
         if scheduled:
-            self._qwen_last_step = (now, features(*step_composition(self.requests, output, prefill_tokens=False)))
+            n_reqs, tokens, _, prefill_ctx, decode_ctx = step_composition(self.requests, output)
+            self._qwen_last_step = (now, features(n_reqs, tokens, prefill_ctx, decode_ctx))
         for request, reason in popped.items():
             if request.status != RequestStatus.RUNNING or request.request_id not in scheduled:
                 continue  # skipped (re-prepended) or handed to an async KV load
@@ -522,16 +522,16 @@ class TokenWeightedMixin:
         """What the health route can show: the class, the policy and the stats snapshot."""
         queue = self.waiting
         costs = queue.costs
+        output_weight = costs.output_weight(0, queue.batch) if costs is not None else None
         return {
             "scheduler": type(self).__name__,
             "policy": dataclasses.asdict(self.qwen_policy),
             "stats": {**self.qwen_stats.snapshot(), "load_factor": queue.load,
                       "admitted_weight": queue.work, **queue.half_life_stat(),
-                      "cost_steps_fitted": self.qwen_costs.samples,
-                      "output_token_weight": costs.output_weight(0, self.qwen_batch) if costs is not None else None},
-            "costs": {"model": dataclasses.asdict(costs) if costs is not None else None,
-                      "steps_fitted": self.qwen_costs.samples, "batch": self.qwen_batch,
-                      "output_token_weight": costs.output_weight(0, self.qwen_batch) if costs is not None else None},
+                      "cost_steps_fitted": self.qwen_costs.samples, "output_token_weight": output_weight},
+            "costs": {"model": dataclasses.asdict(costs) if costs is not None else None, "batch": queue.batch,
+                      "ordering": "arrival (waiting for the cost fit)" if queue.await_costs and costs is None
+                      else "token-weighted"},
         }
 
 
@@ -551,10 +551,10 @@ class TokenWeightedAsyncScheduler(TokenWeightedScheduler, AsyncScheduler):
     """Token-weighted ``AsyncScheduler`` (MRO: mixin, then AsyncScheduler, then Scheduler)."""
 
 
-def step_composition(requests: dict[str, Request], output: Any, *, prefill_tokens: bool = True) -> tuple:
+def step_composition(requests: dict[str, Request], output: Any) -> tuple[int, int, int, float, float]:
     """(requests, tokens, prefill tokens, prefill context, decode context) of a step, read right after
-    ``schedule()`` (which has already advanced ``num_computed_tokens``); ``requests``: the scheduler's by id. Without
-    ``prefill_tokens`` the third item is left out: the regressors of :func:`~.costs.features`."""
+    ``schedule()`` (which has already advanced ``num_computed_tokens``); ``requests``: the scheduler's by id. The
+    regressors of the step-cost model (:func:`~.costs.features`) are all but the prefill tokens."""
     n_tok = pre_tok = 0
     pre_ctx = dec_ctx = 0.0
     for rid, n_sched in output.num_scheduled_tokens.items():
@@ -568,8 +568,7 @@ def step_composition(requests: dict[str, Request], output: Any, *, prefill_token
             pre_ctx += n_sched * (before + n_sched / 2)
         else:
             dec_ctx += before + n_sched
-    n = len(output.num_scheduled_tokens)
-    return (n, n_tok, pre_tok, pre_ctx, dec_ctx) if prefill_tokens else (n, n_tok, pre_ctx, dec_ctx)
+    return len(output.num_scheduled_tokens), n_tok, pre_tok, pre_ctx, dec_ctx
 
 
 def pick_scheduler_cls(vllm_config: Any) -> type[TokenWeightedScheduler]:
@@ -593,7 +592,7 @@ PUBLISH_EVERY_S = 1.0
 COST_FORGET = 0.999
 """The online cost fit forgets old steps by this factor per step (a memory of about a thousand steps)."""
 COST_MIN_STEPS = 200
-"""Busy steps the fit needs before its costs replace the token weight."""
+"""Busy steps the fit needs before the scheduler weighs by it (before that: arrival order with ``measured_costs``)."""
 COST_REFIT_STEPS = 50
 """The fit is re-solved (and every waiting request re-weighed) every this many steps."""
 COST_MAX_GAP_S = 2.0

@@ -344,11 +344,15 @@ def test_measured_costs_replace_the_token_weight(model_dir):
     costs = scheduler.waiting.costs
     assert costs is not None and costs.per_token == pytest.approx(7.3e-6, rel=0.05)
     assert costs.per_request == pytest.approx(5.1e-4, rel=0.05)
-    status = scheduler.qwen_status()["costs"]
-    assert status["steps_fitted"] == scheduler.qwen_costs.samples > vs.COST_MIN_STEPS
-    assert status["output_token_weight"] > 50
+    status = scheduler.qwen_status()
+    assert status["stats"]["cost_steps_fitted"] == scheduler.qwen_costs.samples > vs.COST_MIN_STEPS
+    assert status["stats"]["output_token_weight"] > 50
+    assert status["costs"]["ordering"] == "token-weighted" and status["costs"]["model"]["per_token"] > 0
     queue = scheduler.waiting
     assert queue.weigh(2000, 0, 16) / queue.weigh(100, 0, 16) < 3          # token weight: (2011 / 111) = 18
+    fresh = make_scheduler(model_dir, policy=PolicyConfig())
+    assert fresh.qwen_status()["costs"]["ordering"] == "arrival (waiting for the cost fit)"
+    assert fresh.qwen_status()["stats"]["output_token_weight"] is None
     off, _ = run(False)
     assert off.waiting.costs is None and off.qwen_costs.samples > vs.COST_MIN_STEPS
     assert off.waiting.weigh(2000, 0, 16) == pytest.approx(2000 + 0.7 * 16)

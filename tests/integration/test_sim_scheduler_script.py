@@ -1,0 +1,41 @@
+"""benchmarks/sim_scheduler.py end to end on a small trace: a stored CPU cost model and a GPU one, the shipped policy
+against FCFS, the results JSON with per-seed ratios and the median table (the script is never an untested stub)."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("cost_model", ["cpu-demo", "h100-80gb"])
+def test_sim_scheduler_runs_a_stored_cost_model(tmp_path, cost_model):
+    out = tmp_path / "sim.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sim_scheduler.py"), "--cost-model", cost_model, "--requests",
+         "60", "--loads", "1.2", "--seeds", "0", "--config", "shipped:", "--config",
+         "previous:measured_costs=false,max_slip=0", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["ratios"]) == {"shipped", "previous"}
+    assert result["configs"]["previous"]["measured_costs"] is False and result["configs"]["shipped"]["max_slip"] == 0.25
+    row = result["ratios"]["shipped"]["1-0-1.2"]["all"]
+    assert all(math.isfinite(v) and v > 0 for v in row.values())
+    assert result["medians"]["shipped"]["1-1.2"]["seeds"] == 1
+    assert "median over seeds" in proc.stdout
+    engine = result["engine"]
+    assert engine["max_num_seqs"] == (32 if cost_model.startswith("cpu") else 256)
+
+
+def test_sim_scheduler_refuses_unknown_cost_models_and_settings(tmp_path):
+    for args, message in ((["--cost-model", "tpu-v9"], "known:"),
+                          (["--cost-model", "cpu-demo", "--config", "x:no_such=1"], "unknown setting")):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_scheduler.py"), *args,
+                               "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode != 0 and message in proc.stderr + proc.stdout
