@@ -1,4 +1,7 @@
 """GPU detection (fake nvidia-smi) and profile selection/refusals: pure Python, no vLLM."""
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from qwen_vllm_ext.hardware import GPU, detect_gpus, parse_nvidia_smi
@@ -89,11 +92,26 @@ def test_profiles_are_complete_data_files():
             assert load_profile(name).description and load_profile(name).min_gpu_memory_gib > 0
 
 
+SIMULATED_NEVER_WORSE = {"a100-80gb", "h100-80gb", "h200-141gb"}
+"""Profiles whose hardware has a step-cost model in benchmarks/cost_models.json on which the shipped policy met every
+never-worse target of issue #21 (docs/results/scheduler-sim/<profile>.json)."""
+
+
 @pytest.mark.parametrize("name", profile_names())
-def test_no_profile_turns_the_token_weighted_scheduler_on(name):
-    """Off until it is shown never worse than FCFS on that hardware (docs/scheduling.md); users opt in."""
+def test_the_scheduler_is_on_only_where_it_was_shown_never_worse(name):
+    """A profile turns the token-weighted scheduler on only if the committed simulator results for its hardware meet
+    every never-worse limit at every load with the shipped policy (the GPU profiles); the CPU profile keeps it off."""
+    import json
+
     from qwen_vllm_ext.config import Settings
 
     extension = load_profile(name).extension
-    assert extension.get("token_weighted_scheduler", False) is False
-    assert Settings.resolve(env={}, base=extension).token_weighted_scheduler is False
+    on = Settings.resolve(env={}, base=extension).token_weighted_scheduler
+    assert on is (name in SIMULATED_NEVER_WORSE)
+    if on:
+        results = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "scheduler-sim"
+                              / f"{name}.json").read_text())
+        shipped = results["medians"]["shipped"]
+        assert results["configs"]["shipped"] == dataclasses.asdict(Settings().scheduler)  # the defaults were simulated
+        assert set(shipped) == {"1-0.8", "1-1.2", "1-1.7"}
+        assert all(row["never_worse"] and row["seeds"] == 3 for row in shipped.values()), shipped
