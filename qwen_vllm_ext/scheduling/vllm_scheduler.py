@@ -387,7 +387,8 @@ class TokenWeightedMixin:
         """The online step-cost fit (fed every step; solved every ``COST_REFIT_STEPS``)."""
         self.qwen_batch = 0.0
         """Requests per step, exponentially averaged over busy steps."""
-        self._qwen_last_step: tuple[float, tuple[float, ...]] | None = None
+        self._qwen_steps: deque[tuple[float, tuple[float, ...]]] = deque(maxlen=2)
+        """The latest busy steps: (time schedule() started, step-cost features)."""
         self._qwen_install_queue()
 
     def _qwen_install_queue(self) -> None:
@@ -449,19 +450,22 @@ class TokenWeightedMixin:
     def update_from_output(self, *args: Any, **kwargs: Any):
         outputs = super().update_from_output(*args, **kwargs)
         if not self.has_unfinished_requests():
-            self._qwen_last_step = None  # the engine goes idle: the next interval is not a step's duration
+            self._qwen_steps.clear()  # the engine goes idle: the next interval is not a step's duration
             _publish(self, self.qwen_clock(), idle=True)
         return outputs
 
     # ---- the engine's own costs -------------------------------------------------------------------
     def _qwen_observe_step(self, now: float) -> None:
-        """Feed the previous step (its composition, and its duration: the time from its ``schedule()`` to this
-        one) to the online cost fit; re-solve every ``COST_REFIT_STEPS`` steps."""
-        last, self._qwen_last_step = self._qwen_last_step, None
-        if last is None:
+        """Feed one step to the online cost fit: the interval from the previous ``schedule()`` call to this one is
+        the duration of the previous step — or, with async scheduling (a batch queue of two: vLLM schedules step k+1
+        as soon as step k-1 has finished, while step k runs), of the step before it. Re-solve every
+        ``COST_REFIT_STEPS`` steps."""
+        steps = self._qwen_steps
+        lag = 1 if isinstance(self, AsyncScheduler) else 0
+        if len(steps) < 1 + lag:
             return
-        started, x = last
-        dt = now - started
+        dt = now - steps[-1][0]
+        x = steps[-1 - lag][1]
         if not 0 < dt <= COST_MAX_GAP_S:
             return
         fit = self.qwen_costs
@@ -501,7 +505,9 @@ class TokenWeightedMixin:
         queue = self.waiting
         if scheduled:
             n_reqs, tokens, _, prefill_ctx, decode_ctx = step_composition(self.requests, output)
-            self._qwen_last_step = (now, features(n_reqs, tokens, prefill_ctx, decode_ctx))
+            self._qwen_steps.append((now, features(n_reqs, tokens, prefill_ctx, decode_ctx)))
+        else:
+            self._qwen_steps.clear()  # nothing ran: no interval starting here is a step's duration
         for request, reason in popped.items():
             if request.status != RequestStatus.RUNNING or request.request_id not in scheduled:
                 continue  # skipped (re-prepended) or handed to an async KV load

@@ -358,6 +358,25 @@ def test_measured_costs_replace_the_token_weight(model_dir):
     assert off.waiting.weigh(2000, 0, 16) == pytest.approx(2000 + 0.7 * 16)
 
 
+def test_cost_fit_pairs_each_interval_with_the_step_it_timed(model_dir):
+    """The interval between two schedule() calls is the previous step's duration (sync) or, with async scheduling's
+    batch queue of two, the duration of the step before that: the fit pairs it with that step's composition. An idle
+    engine or an empty step starts no interval."""
+    from qwen_vllm_ext.scheduling.costs import features
+
+    a, b = features(4, 400, 1e4, 0), features(30, 30, 0, 9e3)
+    for cls, expected in ((TokenWeightedScheduler, b), (TokenWeightedAsyncScheduler, a)):
+        scheduler = make_scheduler(model_dir, cls, async_scheduling=cls is TokenWeightedAsyncScheduler)
+        scheduler._qwen_steps.extend([(T0, a), (T0 + 1.0, b)])
+        scheduler._qwen_observe_step(T0 + 1.5)
+        fit = scheduler.qwen_costs
+        assert fit.samples == 1 and fit.xty[0] == pytest.approx(0.5)
+        assert fit.xtx[1][1] == pytest.approx(expected[1] ** 2), cls.__name__
+        scheduler._qwen_steps.clear()
+        scheduler._qwen_observe_step(T0 + 9.0)
+        assert fit.samples == 1
+
+
 def test_status_is_published_throttled_while_busy_and_at_once_when_idle(model_dir, tmp_path, monkeypatch):
     """The health route's status file: written at most once a second while the engine steps, and by the step that
     leaves the engine idle (no later schedule() call would publish those admissions)."""
