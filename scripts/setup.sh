@@ -8,7 +8,7 @@
 #    against the CPU torch), or vllm from requirements-gpu.txt where nvidia-smi sees a GPU;
 #  * the project installed editable into it (re-done only when pyproject.toml/setup.py/*.pyx change);
 #  * .venv -> that virtualenv, at the repo root;
-#  * redis-server (apt) when missing;
+#  * redis-server and prometheus (promtool) from apt when missing;
 #  * the public reference files (Qwen chat templates, tokenizer test vectors) from PyPI's llama-cpp-python sdist.
 set -euo pipefail
 
@@ -60,11 +60,15 @@ if [ ! -f "$stamp" ] || ! ls "$root"/calculator_cython/qwen_v3_calculator/_core*
 fi
 ln -sfn "$venv" "$root/.venv"
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  say "installing redis-server (apt)"
+apt_missing=""
+command -v redis-server >/dev/null 2>&1 || apt_missing="$apt_missing redis-server"
+command -v promtool >/dev/null 2>&1 || apt_missing="$apt_missing prometheus"   # promtool + prometheus (monitoring tests)
+if [ -n "$apt_missing" ]; then
+  say "installing$apt_missing (apt)"
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
   $sudo_ apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq redis-server >/dev/null
+  # --no-install-recommends: the tests need the binaries, not the exporters; services are not started here.
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends $apt_missing >/dev/null
 fi
 
 QWEN_VLLM_EXT_HOME="$home" "$root/.venv/bin/python" -m qwen_vllm_ext.assets >/dev/null
