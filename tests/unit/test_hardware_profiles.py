@@ -92,26 +92,32 @@ def test_profiles_are_complete_data_files():
             assert load_profile(name).description and load_profile(name).min_gpu_memory_gib > 0
 
 
-SIMULATED_NEVER_WORSE = {"a100-80gb", "h100-80gb", "h200-141gb"}
-"""Profiles whose hardware has a step-cost model in benchmarks/cost_models.json on which the shipped policy met every
-never-worse target of issue #21 (docs/results/scheduler-sim/<profile>.json)."""
+SIMULATED = ("a100-80gb", "h100-80gb", "h200-141gb")
+"""GPU profiles whose hardware has a step-cost model in benchmarks/cost_models.json (docs/results/scheduler-sim/)."""
 
 
 @pytest.mark.parametrize("name", profile_names())
-def test_the_scheduler_is_on_only_where_it_was_shown_never_worse(name):
-    """A profile turns the token-weighted scheduler on only if the committed simulator results for its hardware meet
-    every never-worse limit at every load with the shipped policy (the GPU profiles); the CPU profile keeps it off."""
+def test_no_profile_turns_the_token_weighted_scheduler_on(name):
+    """Off until it is shown never worse than FCFS on that hardware on a real engine (docs/scheduling.md)."""
+    from qwen_vllm_ext.config import Settings
+
+    extension = load_profile(name).extension
+    assert extension.get("token_weighted_scheduler", False) is False
+    assert Settings.resolve(env={}, base=extension).token_weighted_scheduler is False
+
+
+@pytest.mark.parametrize("name", SIMULATED)
+def test_the_gpu_profiles_simulated_results_back_the_docs(name):
+    """What the GPU profiles' comments and docs/scheduling.md claim: the committed simulator results for that
+    hardware were run with the shipped defaults and meet every never-worse limit at every load."""
     import json
 
     from qwen_vllm_ext.config import Settings
 
-    extension = load_profile(name).extension
-    on = Settings.resolve(env={}, base=extension).token_weighted_scheduler
-    assert on is (name in SIMULATED_NEVER_WORSE)
-    if on:
-        results = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "scheduler-sim"
-                              / f"{name}.json").read_text())
-        shipped = results["medians"]["shipped"]
-        assert results["configs"]["shipped"] == dataclasses.asdict(Settings().scheduler)  # the defaults were simulated
-        assert set(shipped) == {"1-0.8", "1-1.2", "1-1.7"}
-        assert all(row["never_worse"] and row["seeds"] == 3 for row in shipped.values()), shipped
+    assert name in profile_names()
+    results = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "scheduler-sim"
+                          / f"{name}.json").read_text())
+    shipped = results["medians"]["shipped"]
+    assert results["configs"]["shipped"] == dataclasses.asdict(Settings().scheduler)
+    assert set(shipped) == {"1-0.8", "1-1.2", "1-1.7"}
+    assert all(row["never_worse"] and row["seeds"] == 3 for row in shipped.values()), shipped
