@@ -8,6 +8,11 @@
 ``output_hint_key``, default ``expected_output_tokens``) when it gives one, else ``max_tokens``; either is capped at
 ``output_cap`` (``max_tokens`` is often a huge default, not an expectation).
 
+**Measured costs** (``measured_costs``, the default): inside the engine the token-weighted scheduler replaces this
+weight by the request's cost under the engine's own step-cost model, fitted online (:mod:`.costs`), in the same unit
+(prefill-token equivalents), and orders by arrival until that fit has enough steps. Everything below applies to
+either weight.
+
 **Aging is multiplicative** (a half-life), not additive::
 
     effective_weight = weight * 2 ** (-waited / half_life)
