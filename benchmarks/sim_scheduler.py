@@ -163,7 +163,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--fit", help="bench_scheduler.py results JSON with per-step records")
-    src.add_argument("--cost-model", help="a stored step-cost model of cost_models.json (a100-80gb, h100-80gb, cpu-demo, "
+    src.add_argument("--cost-model", help="a stored step-cost model of cost_models.json (a100-80gb, h100-80gb, h200-141gb, cpu-demo, "
                      "cpu-prefill-bench)")
     ap.add_argument("--config", action="append", default=[], help="NAME:KEY=VALUE,... token-weighted configuration")
     ap.add_argument("--loads", default="1.2,1.7")

@@ -12,7 +12,6 @@ numbers that count come from the real engine (``benchmarks/bench_scheduler.py``)
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import tempfile
