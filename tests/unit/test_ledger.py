@@ -338,8 +338,11 @@ def test_the_same_writer_replays_its_spill_when_redis_is_back(tmp_path, trigger)
             extra = [make("r-after", 99)]
             assert w.submit(extra[0]).result(10) is True
         deadline = time.monotonic() + 20
-        while store.totals()["requests"] < 21 + len(extra):
-            assert time.monotonic() < deadline, f"spilled records not replayed: {store.totals()['requests']}"
+        # Replayed = committed to the store *and* the claimed spill file removed (the writer unlinks it right after
+        # the commit, so the store can answer a moment before the file is gone).
+        while store.totals()["requests"] < 21 + len(extra) or os.listdir(tmp_path):
+            assert time.monotonic() < deadline, (f"spilled records not replayed: {store.totals()['requests']}, "
+                                                 f"files {os.listdir(tmp_path)}")
             time.sleep(0.1)
         assert store.totals() == expected_totals([make("r-0", 0), *spilled, *extra])
         assert os.listdir(tmp_path) == [] and w.replay_spill() == 0
