@@ -59,18 +59,22 @@ def ratio(a: float, b: float) -> float:
 
 
 def parse_config(text: str) -> tuple[str, PolicyConfig]:
+    """``NAME:KEY=VALUE,...`` -> (NAME, the policy): values parsed and checked by the settings object itself."""
+    from qwen_vllm_ext.config import Settings, SettingsError
+
     name, _, body = text.partition(":")
     values = {}
     for kv in filter(None, body.split(",")):
         key, _, value = kv.partition("=")
         field = key.strip().lower().removeprefix("qwen_vllm_ext_").removeprefix(SETTING_PREFIX)
-        known = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}
+        known = [f.name for f in dataclasses.fields(PolicyConfig)]
         if field not in known:
             raise SystemExit(f"--config {text!r}: unknown setting {field!r}; known: " + ", ".join(known))
-        default = known[field]
-        values[field] = (value.strip().lower() in ("1", "true", "yes", "on")) if isinstance(default, bool) \
-            else type(default)(value)
-    return name or "tw", PolicyConfig(**values)
+        values[SETTING_PREFIX + field] = value
+    try:
+        return name or "tw", Settings.resolve(env={}, cli=values).scheduler
+    except SettingsError as exc:
+        raise SystemExit(f"--config {text!r}: {exc}") from None
 
 
 ENGINE = {k: bench.ENGINE_KW[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}

@@ -35,7 +35,8 @@ def test_sim_scheduler_runs_a_stored_cost_model(tmp_path, cost_model):
 
 def test_sim_scheduler_refuses_unknown_cost_models_and_settings(tmp_path):
     for args, message in ((["--cost-model", "tpu-v9"], "known:"),
-                          (["--cost-model", "cpu-demo", "--config", "x:no_such=1"], "unknown setting")):
+                          (["--cost-model", "cpu-demo", "--config", "x:no_such=1"], "unknown setting"),
+                          (["--cost-model", "cpu-demo", "--config", "x:measured_costs=maybe"], "expects true/false")):
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_scheduler.py"), *args,
                                "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert proc.returncode != 0 and message in proc.stderr + proc.stdout
