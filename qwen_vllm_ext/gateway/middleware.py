@@ -23,7 +23,8 @@ from qwen_v3_calculator.billing import to_micro
 
 from ..context import request_context, server_context
 from ..errors import error_body
-from . import vllm_requests
+from ..observability.stores import store_result
+from . import metrics, vllm_requests
 from .admission import (GENERATION_PATHS, UNMETERED_POST, Rejection, admit, admit_messages, check_model_scope,
                         duration, parse_body, refusal_reason, strip_hint)
 
@@ -51,8 +52,10 @@ def error_payload(code: str, message: str, type_: str = "invalid_request_error",
     return json.dumps({"type": "error", **body} if anthropic else body).encode()
 
 
-async def reject(send, rej: "Rejection", path: str) -> None:
-    """Answer a request with the rejection's status, error body and headers."""
+async def reject(send, rej: "Rejection", path: str, key_id: str | None = None) -> None:
+    """Answer a request with the rejection's status, error body and headers (and count it: by code and status, and
+    against the key when it was authenticated)."""
+    metrics.rejected(rej.code, rej.status, key_id)
     await respond(send, rej.status, error_payload(rej.code, rej.message, rej.type, rej.param,
                                                   anthropic=path.startswith(ANTHROPIC_PREFIX)), rej.headers)
 
@@ -146,12 +149,13 @@ class GatewayMiddleware:
             if path not in UNMETERED_POST and not path.endswith("/render"):
                 return await reject(send, Rejection(
                     403, "endpoint_not_allowed", f"{path} is not available through the gateway: it meters "
-                    f"{', '.join(GENERATION_PATHS)}; {refusal_reason(path)}", type_="permission_error"), path)
+                    f"{', '.join(GENERATION_PATHS)}; {refusal_reason(path)}", type_="permission_error"), path,
+                    key.key_id)
             try:  # generates nothing, but names a model: the key's scope still applies
                 raw = await self._read_body(receive)
                 check_model_scope(parse_body(raw), key, served)
             except Rejection as rej:
-                return await reject(send, rej, path)
+                return await reject(send, rej, path, key.key_id)
             return await self.app(scope, _replay(raw, receive), send)
         try:
             raw = await self._read_body(receive)
@@ -169,12 +173,13 @@ class GatewayMiddleware:
                 admission.body_changed = True
             held = await self._reserve(key, admission)
         except Rejection as rej:
-            return await reject(send, rej, path)
+            return await reject(send, rej, path, key.key_id)
         request.model = admission.model  # the ledger records the model the engine serves
         body = admission.encoded() if admission.body_changed else raw
+        overhead_s = time.perf_counter() - started
+        metrics.admitted(overhead_s)
         extra = {**held["headers"], PROMPT_TOKENS_HEADER: str(admission.prompt_tokens),
-                 RESERVED_TOKENS_HEADER: str(admission.cost),
-                 OVERHEAD_HEADER.decode(): f"{(time.perf_counter() - started) * 1000:.3f}"}
+                 RESERVED_TOKENS_HEADER: str(admission.cost), OVERHEAD_HEADER.decode(): f"{overhead_s * 1000:.3f}"}
         request.on_usage.append(lambda record: self._reconcile(held, record))
         renew = asyncio.get_running_loop().create_task(self._renew_slot(held)) if held["slot"] else None
 
@@ -214,9 +219,11 @@ class GatewayMiddleware:
             # counter (one indexed read): cheaper inline than a thread hop under load.
             key = self.keys.authenticate(secret)
         except transient as exc:  # keys cannot be checked: never admit unauthenticated traffic
+            store_result("keys", False)
             logger.error("qwen-vllm-ext gateway: key store unavailable: %s", exc)
             raise Rejection(503, "service_unavailable", "API keys cannot be checked right now; retry shortly",
                             type_="server_error", headers={"retry-after": "1"}) from None
+        store_result("keys", True)
         if key is None:
             raise Rejection(401, "invalid_api_key", "the API key is not valid: check it was copied whole; keys "
                             "are shown only once at creation", type_="authentication_error")
@@ -251,13 +258,18 @@ class GatewayMiddleware:
         from .limiter import LimiterBusy, LimiterUnavailable
 
         try:
+            result = UNAVAILABLE
             if self.inline_limiter is not None:
                 try:
-                    return getattr(self.inline_limiter, name)(*args)
+                    result = getattr(self.inline_limiter, name)(*args)
                 except LimiterBusy:
                     pass  # another connection holds the store's write lock: wait for it on a worker thread
-            return await asyncio.to_thread(getattr(self.limiter, name), *args)
+            if result is UNAVAILABLE:
+                result = await asyncio.to_thread(getattr(self.limiter, name), *args)
+            store_result("limiter", True)
+            return result
         except LimiterUnavailable:
+            store_result("limiter", False)
             if self.settings.limiter_failure == "open":
                 logger.error("qwen-vllm-ext gateway: limiter store unavailable; admitting (limiter_failure=open)")
                 return UNAVAILABLE

@@ -9,12 +9,13 @@ logger = logging.getLogger("qwen_vllm_ext.gateway")
 
 def attach(app, settings) -> None:
     """Add the gateway middleware and admin routes. Raises when a configured store cannot be reached."""
-    from prometheus_client import Counter
     from qwen_v3_calculator.billing import get_policy
 
     from ..context import server_context
+    from ..observability import catalog
+    from ..observability.stores import declare
     from ..store import locations
-    from . import admin
+    from . import admin, metrics
     from .keys import KeyCache, open_key_store
     from .limiter import open_limiter
     from .middleware import GatewayMiddleware
@@ -25,7 +26,9 @@ def attach(app, settings) -> None:
     where = locations.limiter(settings)
     limiter = open_limiter(where.backend, where.target)
     breaker = SpikeBreaker(settings, limiter, key_store, lambda: server_context(app).ledger_store,
-                           counter=Counter("qwen_ext_keys_suspended", "API keys suspended by the spike breaker"))
+                           counter=catalog.counter("qwen_ext_keys_suspended"))
+    metrics.register()
+    declare("keys", "limiter")
     inline = limiter.nonblocking() if hasattr(limiter, "nonblocking") else None  # SQLite: admission inline
     app.add_middleware(GatewayMiddleware, settings=settings, keys=KeyCache(key_store), limiter=limiter,
                        policy=get_policy(settings.billing_policy), on_spike=breaker.observe_sync, inline_limiter=inline)

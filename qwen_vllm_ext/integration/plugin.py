@@ -133,8 +133,34 @@ class EndpointPlugin:
 _collectors_registered = False
 
 
+class ExtensionCollector:
+    """``qwen_ext_build_info`` and ``qwen_ext_runtime_patch_active`` (per patch and process role: 1 applied or carried by
+    vLLM's source, 0 disabled by the compatibility guard), from the records every vLLM process of this server
+    writes at plugin load (:func:`register_general`)."""
+
+    def collect(self):
+        from ..observability import catalog
+
+        local = register_general()
+        info = catalog.family("qwen_ext_build_info")
+        info.add_metric([__version__, local["vllm_version"]], 1)
+        yield info
+        active: dict[tuple[str, str], int] = {}
+        for record in status.read_processes() or [{"role": status.process_role(), **local}]:
+            role = record.get("role", "?")
+            for patch in record.get("patches", []):
+                active[(patch, role)] = max(active.get((patch, role), 0), 1)
+            for patch in record.get("disabled_patches", {}):
+                active.setdefault((patch, role), 0)
+        family = catalog.family("qwen_ext_runtime_patch_active")
+        for (patch, role), value in sorted(active.items()):
+            family.add_metric([patch, role], value)
+        yield family
+
+
 def _register_collectors() -> None:
-    """Metrics that other processes publish (the engine core's scheduler statistics), once per process."""
+    """Metrics that other processes publish (the engine core's scheduler statistics, every process's patches), once
+    per process."""
     global _collectors_registered
     if not _collectors_registered:
         from prometheus_client import REGISTRY
@@ -142,6 +168,7 @@ def _register_collectors() -> None:
         from ..scheduling.metrics import SchedulerCollector
 
         REGISTRY.register(SchedulerCollector())
+        REGISTRY.register(ExtensionCollector())
         _collectors_registered = True
 
 

@@ -6,17 +6,18 @@
 * :func:`init_state`: binds the sleeper to vLLM's ``engine_client.sleep(level=1, mode="wait")`` /
   ``wake_up()`` and starts its timer. Sleep mode needs ``--enable-sleep-mode`` (the launcher adds it) and a
   platform with ``is_sleep_mode_available()`` (CUDA/ROCm/XPU; the launcher refuses the setting elsewhere).
-* Metrics: ``qwen_ext_engine_sleeps_total``, ``qwen_ext_engine_wakes_total``, ``qwen_ext_engine_wake_seconds``,
-  ``qwen_ext_engine_asleep``; the reuse-ratio histogram is in :mod:`qwen_vllm_ext.usage.metrics`.
+* Metrics: ``qwen_ext_engine_sleeps_total``, ``qwen_ext_engine_wakes_total``, ``qwen_ext_engine_wake_failures_total``,
+  ``qwen_ext_engine_wake_seconds``, ``qwen_ext_engine_asleep``; the reuse-ratio histogram is in
+  :mod:`qwen_vllm_ext.usage.metrics`.
 """
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 
 from ..errors import error_body
+from ..observability import catalog
 from . import reuse
 from .sleep import ASLEEP, IdleSleeper
 
@@ -27,16 +28,13 @@ _TASK: asyncio.Task | None = None
 _TEMPLATE: str | None = None  # the calculator template vLLM serves ("qwen3-reuse" in reuse mode)
 
 
-@functools.lru_cache(maxsize=1)
 def sleep_metrics():
-    from prometheus_client import Counter, Gauge, Histogram
-
     return {
-        "sleeps": Counter("qwen_ext_engine_sleeps", "Times the idle engine was put to sleep"),
-        "wakes": Counter("qwen_ext_engine_wakes", "Times a request woke the sleeping engine"),
-        "wake_s": Histogram("qwen_ext_engine_wake_seconds", "Time to wake the engine (requests wait for it)",
-                            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80)),
-        "asleep": Gauge("qwen_ext_engine_asleep", "1 while the engine sleeps", multiprocess_mode="max"),
+        "sleeps": catalog.counter("qwen_ext_engine_sleeps"),
+        "wakes": catalog.counter("qwen_ext_engine_wakes"),
+        "wake_failures": catalog.counter("qwen_ext_engine_wake_failures"),
+        "wake_s": catalog.histogram("qwen_ext_engine_wake_seconds"),
+        "asleep": catalog.gauge("qwen_ext_engine_asleep"),
     }
 
 
@@ -85,6 +83,7 @@ class KvMiddleware:
         try:
             await sleeper.enter()
         except Exception as exc:  # noqa: BLE001 - the wake failed; the next request tries again
+            sleep_metrics()["wake_failures"].inc()
             logger.error("qwen-vllm-ext: waking the engine failed: %s", exc)
             return await _send_json(send, 503, error_body(
                 f"the engine was asleep (idle_sleep_s) and failed to wake: {exc}; retry shortly",
@@ -98,6 +97,7 @@ class KvMiddleware:
 def attach(app, settings) -> None:
     """Add the middleware and size this process's reuse tracker (called by the endpoint plugin)."""
     reuse.configure(settings.kv_reuse_tracker_size)
+    sleep_metrics()  # the families exist (at 0) on every server, so rules and panels always find them
     app.add_middleware(KvMiddleware)
 
 

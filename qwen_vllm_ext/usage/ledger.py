@@ -269,6 +269,10 @@ class LedgerStore(Protocol):
     def totals(self, instance_id: str | None = None, since: float | None = None) -> dict[str, Any]:
         """``requests``, token sums, ``billed_micro`` and ``by_status`` (every status, 0 included)."""
 
+    def instance_tokens(self, instance_id: str) -> dict[str, int]:
+        """``engine_prompt_tokens`` and ``completion_tokens`` summed over one instance's records (what vLLM's counters
+        of that server count): cheap enough for every metrics scrape."""
+
     def report(self, by: str = "key", since: float | None = None, until: float | None = None) -> list[dict]:
         """One row per key/model/day: ``{by: value, requests, prompt_tokens, cached_tokens,
         completion_tokens, billed_micro}`` sorted by value (key '' = no API key)."""
@@ -291,6 +295,7 @@ CREATE TABLE IF NOT EXISTS requests (
     ttft_s REAL, latency_s REAL NOT NULL, streamed INTEGER NOT NULL, api_key_id TEXT, conversation_id TEXT,
     reuse_ratio REAL);
 CREATE INDEX IF NOT EXISTS requests_finished ON requests (finished_at);
+CREATE INDEX IF NOT EXISTS requests_instance_tokens ON requests (instance_id, engine_prompt_tokens, completion_tokens);
 CREATE TABLE IF NOT EXISTS daily (
     api_key_id TEXT NOT NULL, day TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,
     prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
@@ -391,6 +396,12 @@ class SqliteLedgerStore:
             for f, v in zip(TOTAL_FIELDS[1:], sums):
                 out[f] += v
         return out
+
+    def instance_tokens(self, instance_id: str) -> dict[str, int]:
+        (prompt, completion), = self._query(  # an index-only scan (requests_instance_tokens)
+            "SELECT COALESCE(SUM(engine_prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) FROM requests "
+            "WHERE instance_id = ?", (instance_id,))
+        return {"engine_prompt_tokens": int(prompt), "completion_tokens": int(completion)}
 
     def _daily_rows(self) -> list[dict[str, Any]]:
         cols = ("api_key_id", "day", "model") + DAILY_FIELDS
@@ -514,6 +525,11 @@ class RedisLedgerStore:
                     out[field] += int(value)
         return out
 
+    def instance_tokens(self, instance_id: str) -> dict[str, int]:
+        prompt, completion = self._r.hmget(self.prefix + "totals:" + instance_id, "engine_prompt_tokens",
+                                           "completion_tokens")
+        return {"engine_prompt_tokens": int(prompt or 0), "completion_tokens": int(completion or 0)}
+
     def _daily_rows(self) -> list[dict[str, Any]]:
         pipe = self._r.pipeline(transaction=False)
         for key in self._r.smembers(self.prefix + "dailies"):
@@ -558,8 +574,9 @@ class LedgerWriter:
 
     Metrics: ``last_batch_latency_s``, ``last_batch_size``, ``batches_total``, ``committed_total`` (newly
     recorded), ``duplicates_total``, ``committed_by_status`` (status -> newly recorded count),
-    ``failed_total``, ``spilled_total``; ``on_batch(latency_s, newly_recorded_records)`` is called from the
-    writer thread after every committed batch (exceptions in it are logged, never raised). A batch whose
+    ``failed_total``, ``spilled_total``, ``replayed_total`` (spilled records the store took later);
+    ``on_batch(latency_s, newly_recorded_records)`` is called from the writer thread after every committed batch,
+    ``on_failure(error)`` after every batch the store failed to take (exceptions in either are logged, never raised). A batch whose
     reply was lost (Redis connection dropped after the server ran it) is retried and then reports those
     records as duplicates (future result False): they are recorded exactly once all the same.
     Futures' done-callbacks run on the writer thread: keep them short (asyncio callers: ``asyncio.wrap_future``).
@@ -568,11 +585,12 @@ class LedgerWriter:
     def __init__(self, store: LedgerStore, batch_max: int = 256, linger_s: float = 0.005,
                  spill_dir: str | None = None, retries: int = 4, backoff_s: float = 0.05,
                  on_batch: Callable[[float, list[LedgerRecord]], None] | None = None,
-                 replay_interval_s: float = 5.0):
+                 replay_interval_s: float = 5.0,
+                 on_failure: Callable[[BaseException], None] | None = None):
         self.store, self.batch_max, self.linger_s = store, batch_max, linger_s
         self.replay_interval_s = replay_interval_s
         self._spill_pending = False  # this process spilled records it has not replayed yet
-        self.retries, self.backoff_s, self.on_batch = retries, backoff_s, on_batch
+        self.retries, self.backoff_s, self.on_batch, self.on_failure = retries, backoff_s, on_batch, on_failure
         if spill_dir is None:
             spill_dir = getattr(store, "default_spill_dir", None)
         if spill_dir is None:
@@ -581,7 +599,7 @@ class LedgerWriter:
         self.spill_dir = spill_dir
         self.last_batch_latency_s = 0.0
         self.last_batch_size = self.batches_total = self.committed_total = self.duplicates_total = 0
-        self.failed_total = self.spilled_total = 0
+        self.failed_total = self.spilled_total = self.replayed_total = 0
         self.committed_by_status: collections.Counter[str] = collections.Counter()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
@@ -683,6 +701,7 @@ class LedgerWriter:
             chunk = [(r, concurrent.futures.Future()) for r in records[i:i + self.batch_max]]
             if self._commit(chunk):
                 replayed += len(chunk)
+        self.replayed_total += replayed
         os.unlink(claimed)
         log.warning("ledger: the store is reachable again; replayed %d of %d spilled record(s)%s", replayed,
                     len(records), "" if replayed == len(records) else f" (the rest spilled again to {path})")
@@ -737,6 +756,11 @@ class LedgerWriter:
     def _fail(self, batch, error: BaseException) -> None:
         records = [r for r, _ in batch]
         self.failed_total += len(batch)
+        if self.on_failure is not None:
+            try:
+                self.on_failure(error)
+            except Exception:
+                log.exception("ledger writer: on_failure callback failed")
         path: str | None = self.spill_path
         try:
             _append_jsonl(path, records)
@@ -773,6 +797,7 @@ class LedgerWriter:
             done, pending = concurrent.futures.wait(futures, timeout)
             ok = not pending and all(f.exception() is None for f in done)
             newly += sum(1 for f in done if f.exception() is None and f.result())
+            self.replayed_total += sum(1 for f in done if f.exception() is None)
             if ok:
                 os.unlink(claimed)
             else:

@@ -1,29 +1,41 @@
-"""The extension's own Prometheus metrics, served on vLLM's ``/metrics`` (same default registry).
+"""The usage ledger's Prometheus metrics, served on vLLM's ``/metrics`` (same default registry); names, types,
+help and buckets come from :mod:`qwen_vllm_ext.observability.catalog`.
 
 vLLM switches prometheus_client to multiprocess mode when it runs several API-server processes; counters
 and histograms aggregate across processes there, and the queue-depth gauge uses the ``livesum`` mode.
+
+:class:`LedgerCollector` (registered once per process by :func:`register_collector`) adds, at scrape time, the
+writer's failure / spill / replay counts and the store's token totals for this server instance — next to vLLM's
+own token counters that is the exact ledger drift, continuously (``usage reconcile`` is the one-off check).
 """
 from __future__ import annotations
 
-import functools
+import glob
+import logging
+import os
+import threading
+import time
+
+from ..observability import catalog
+from ..observability.topk import WindowedTopK
+
+logger = logging.getLogger("qwen_vllm_ext.usage")
+
+TOTALS_EVERY_S = 5.0
+"""The store's instance totals are re-read this often, on a background thread (a scrape never waits for the store:
+vLLM serves /metrics on the event loop)."""
+
+_top_tokens = WindowedTopK(catalog.TOP_KEYS, catalog.TOP_WINDOW_S)
 
 
-@functools.lru_cache(maxsize=1)
 def metrics():
-    from prometheus_client import Counter, Gauge, Histogram
-
     return {
-        "billed": Counter("qwen_ext_billed_units", "Billed units recorded in the usage ledger", ["model"]),
-        "records": Counter("qwen_ext_ledger_records", "Usage ledger records by status", ["status"]),
-        "tokens": Counter("qwen_ext_ledger_tokens", "Tokens recorded in the usage ledger", ["kind"]),
-        "queue": Gauge("qwen_ext_ledger_queue_depth", "Ledger records waiting to be committed",
-                       multiprocess_mode="livesum"),
-        "write": Histogram("qwen_ext_ledger_commit_wait_seconds",
-                           "Time from a response's end to its ledger record being committed",
-                           buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)),
-        "reuse": Histogram("qwen_ext_kv_reuse_ratio",
-                           "Per conversation turn: cached tokens / previous turn's prompt + completion tokens",
-                           buckets=(0.1, 0.25, 0.5, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)),
+        "billed": catalog.counter("qwen_ext_billed_units"),
+        "records": catalog.counter("qwen_ext_ledger_records"),
+        "tokens": catalog.counter("qwen_ext_ledger_tokens"),
+        "queue": catalog.gauge("qwen_ext_ledger_queue_depth"),
+        "write": catalog.histogram("qwen_ext_ledger_commit_wait_seconds"),
+        "reuse": catalog.histogram("qwen_ext_kv_reuse_ratio"),
     }
 
 
@@ -36,3 +48,88 @@ def observe_record(record, queue_depth: int) -> None:
     m["queue"].set(queue_depth)
     if getattr(record, "reuse_ratio", None) is not None:
         m["reuse"].observe(record.reuse_ratio)
+    _top_tokens.add(record.api_key_id, record.prompt_tokens + record.completion_tokens, time.time())
+
+
+def spill_pending_records(spill_dir: str) -> int:
+    """Records in the ledger's spill files in ``spill_dir`` (claimed ones included: a replay in progress)."""
+    n = 0
+    for path in glob.glob(os.path.join(spill_dir, "ledger-spill-*.jsonl")):
+        try:
+            with open(path, "rb") as f:
+                n += sum(1 for line in f if line.strip())
+        except OSError:
+            continue
+    return n
+
+
+class LedgerCollector:
+    """Scrape-time ledger figures: the writer's counters; the records waiting in spill files and the store's totals
+    for ``instance_id`` as last read by :meth:`refresh` (every ``TOTALS_EVERY_S`` on a daemon thread once
+    :meth:`start` ed; the totals are missing while the store cannot answer)."""
+
+    def __init__(self, writer, store, instance_id: str) -> None:
+        self.writer, self.store, self.instance_id = writer, store, instance_id
+        self.totals: dict[str, int] | None = None
+        self.spill_pending = 0
+        self._stop = threading.Event()
+
+    def refresh(self) -> None:
+        self.spill_pending = spill_pending_records(self.writer.spill_dir)
+        try:
+            self.totals = self.store.instance_tokens(self.instance_id)
+        except Exception as exc:  # noqa: BLE001 - the gauge goes missing; the next refresh tries again
+            if self.totals is not None:
+                logger.warning("qwen-vllm-ext: reading the ledger totals for /metrics failed: %s", exc)
+            self.totals = None
+
+    def start(self) -> None:
+        def run():
+            while not self._stop.is_set():
+                self.refresh()
+                self._stop.wait(TOTALS_EVERY_S)
+
+        threading.Thread(target=run, name="qwen-ext-ledger-totals", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def collect(self):
+        w = self.writer
+        for name, value in (("qwen_ext_ledger_write_failures", w.failed_total),
+                            ("qwen_ext_ledger_spilled_records", w.spilled_total),
+                            ("qwen_ext_ledger_replayed_records", w.replayed_total)):
+            family = catalog.family(name)
+            family.add_metric([], value)
+            yield family
+        family = catalog.family("qwen_ext_ledger_spill_pending_records")
+        family.add_metric([], self.spill_pending)
+        yield family
+        totals = self.totals
+        family = catalog.family("qwen_ext_ledger_instance_tokens")
+        if totals is not None:
+            family.add_metric(["engine_prompt"], totals["engine_prompt_tokens"])
+            family.add_metric(["completion"], totals["completion_tokens"])
+        yield family
+        family = catalog.family("qwen_ext_top_key_tokens")
+        for key_id, tokens in _top_tokens.top(time.time()).items():
+            family.add_metric([key_id], tokens)
+        yield family
+
+
+_collector: LedgerCollector | None = None
+
+
+def register_collector(writer, store, instance_id: str) -> LedgerCollector:
+    """Register (once per process; a later call replaces the previous server's collector) and start it."""
+    global _collector
+    from prometheus_client import REGISTRY
+
+    if _collector is not None:
+        _collector.stop()
+        REGISTRY.unregister(_collector)
+    _collector = LedgerCollector(writer, store, instance_id)
+    _collector.refresh()
+    REGISTRY.register(_collector)
+    _collector.start()
+    return _collector

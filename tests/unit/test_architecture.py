@@ -53,7 +53,7 @@ def test_the_calculator_imports_nothing_from_the_application():
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
-@pytest.mark.parametrize("capability", [*CAPABILITIES, "store"])
+@pytest.mark.parametrize("capability", [*CAPABILITIES, "store", "observability"])
 def test_capabilities_and_stores_never_import_the_integration_layer(capability):
     forbidden = ("qwen_vllm_ext.integration", "qwen_vllm_ext.plugin", "qwen_vllm_ext.patches",
                  "qwen_vllm_ext.sourcepatch", "qwen_vllm_ext.serve")
@@ -64,9 +64,10 @@ def test_capabilities_and_stores_never_import_the_integration_layer(capability):
         assert not bad, f"{name} imports {bad}: imports run integration -> capabilities -> store"
 
 
-def test_the_store_imports_no_capability():
+@pytest.mark.parametrize("core", ["store", "observability"])
+def test_the_store_and_observability_import_no_capability(core):
     for path, name in app_modules():
-        if name.startswith("qwen_vllm_ext.store"):
+        if name.startswith(f"qwen_vllm_ext.{core}"):
             bad = sorted(m for m in imports(path, name)
                          if any(m.startswith(f"qwen_vllm_ext.{c}") for c in CAPABILITIES))
             assert not bad, f"{name} imports {bad}"

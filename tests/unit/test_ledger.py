@@ -451,3 +451,45 @@ def test_cli_module_and_clear_errors(tmp_path):
     assert cli.main(["report", "--db", str(tmp_path / "none.sqlite3")]) == 2
     assert not (tmp_path / "none.sqlite3").exists()
     assert cli.main(["report", "--redis-url", f"redis://127.0.0.1:{free_port()}/0"]) == 2
+
+
+def test_instance_tokens_and_the_metrics_collector(target, tmp_path):
+    """The store's per-instance token totals (what vLLM's counters of that server count) reach /metrics through
+    the ledger collector, with the spill backlog; on SQLite, records deleted behind the server's back show at the
+    next refresh (the drift alert's test case)."""
+    from qwen_vllm_ext.usage.metrics import LedgerCollector
+
+    store = target.open()
+    writer = LedgerWriter(store, spill_dir=str(tmp_path))
+    try:
+        for i, inst in enumerate(("me", "me", "other")):
+            writer.submit(make(f"r{i}", i, instance_id=inst, engine_prompt_tokens=100 + i,
+                               completion_tokens=10 + i)).result(10)
+        assert store.instance_tokens("me") == {"engine_prompt_tokens": 201, "completion_tokens": 21}
+        assert store.instance_tokens("nobody") == {"engine_prompt_tokens": 0, "completion_tokens": 0}
+        (tmp_path / "ledger-spill-1.jsonl").write_text('{"a": 1}\n{"b": 2}\n\n')
+        collector = LedgerCollector(writer, store, "me")
+        collector.refresh()
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in collector.collect() for s in family.samples}
+        assert samples[("qwen_ext_ledger_instance_tokens", (("kind", "engine_prompt"),))] == 201
+        assert samples[("qwen_ext_ledger_instance_tokens", (("kind", "completion"),))] == 21
+        assert samples[("qwen_ext_ledger_spill_pending_records", ())] == 2
+        assert samples[("qwen_ext_ledger_write_failures_total", ())] == 0
+        if target.backend == "sqlite":
+            with sqlite3.connect(target.location) as db:
+                db.execute("DELETE FROM requests WHERE request_id = 'r1'")
+            collector.refresh()
+            assert collector.totals == {"engine_prompt_tokens": 100, "completion_tokens": 10}
+        class Down:
+            def instance_tokens(self, instance_id):
+                raise OSError("connection refused")
+
+        collector.store = Down()
+        collector.refresh()  # a store that cannot answer: the totals go missing, the scrape still works
+        assert collector.totals is None
+        names = {f.name for f in collector.collect()}
+        assert "qwen_ext_ledger_instance_tokens" in names
+    finally:
+        writer.close()
+        store.close()

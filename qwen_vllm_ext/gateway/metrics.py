@@ -1,0 +1,54 @@
+"""The gateway's Prometheus metrics (names, help, labels from :mod:`qwen_vllm_ext.observability.catalog`):
+admissions, rejections by OpenAI error code and HTTP status, the gateway's own overhead per admitted request, and
+the most-rejected keys over a sliding window (a bounded label set: the top keys plus ``other``)."""
+from __future__ import annotations
+
+import time
+
+from ..observability import catalog
+from ..observability.topk import WindowedTopK
+
+_top_rejections = WindowedTopK(catalog.TOP_KEYS, catalog.TOP_WINDOW_S)
+ALERTED = (("rate_limit_exceeded", 429), ("insufficient_quota", 429), ("service_unavailable", 503))
+"""Rejection series created at 0 on start: the alerts take increase()/rate() of them, which cannot see the first
+request of a series that appears with it."""
+
+
+def admitted(overhead_s: float) -> None:
+    catalog.counter("qwen_ext_gateway_admissions").inc()
+    catalog.histogram("qwen_ext_gateway_overhead_seconds").observe(overhead_s)
+
+
+def rejected(code: str, http_status: int, key_id: str | None) -> None:
+    catalog.counter("qwen_ext_gateway_rejections").labels(code, str(http_status)).inc()
+    if key_id is not None:
+        _top_rejections.add(key_id, 1, time.time())
+
+
+class TopKeyRejections:
+    """Custom collector: ``qwen_ext_top_key_rejections`` (register once per process: :func:`register`)."""
+
+    def collect(self):
+        family = catalog.family("qwen_ext_top_key_rejections")
+        for key_id, n in _top_rejections.top(time.time()).items():
+            family.add_metric([key_id], n)
+        yield family
+
+
+_registered = False
+
+
+def register() -> None:
+    """Create the gateway's families now (so they show at 0 before the first request) and register the collector."""
+    global _registered
+    if _registered:
+        return
+    from prometheus_client import REGISTRY
+
+    catalog.counter("qwen_ext_gateway_admissions")
+    rejections = catalog.counter("qwen_ext_gateway_rejections")
+    for code, status in ALERTED:
+        rejections.labels(code, str(status))
+    catalog.histogram("qwen_ext_gateway_overhead_seconds")
+    REGISTRY.register(TopKeyRejections())
+    _registered = True
