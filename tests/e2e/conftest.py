@@ -31,7 +31,7 @@ def demo_server(tmp_path_factory):
     """`python -m qwen_vllm_ext.serve` on the demo model (no --model, no GPU) on a free loopback port, with the
     token-weighted scheduler on."""
     data_dir = tmp_path_factory.mktemp("data")
-    # the token-weighted scheduler is off in every profile (docs/scheduling.md); the shared server turns it on so that
+    # the token-weighted scheduler is off in the cpu profile (docs/scheduling.md); the shared server turns it on so that
     # the e2e tests cover it in the engine core
     server = Server(["--qwen-access-log", str(data_dir / "access.jsonl"), "--qwen-token-weighted-scheduler", "true"],
                     tmp_path_factory.mktemp("logs") / "server.log", data_dir=data_dir)
