@@ -77,9 +77,9 @@ PANELS = [
     row("Token-weighted scheduler"),
     panel("Scheduler load factor", [q(f"max by (instance) (qwen_ext_sched_load_factor{{{I}}})", "{{instance}}")],
           "short", description="Token weight arriving / admitted per second (>= 1; token-weighted scheduler only)."),
-    panel("Scheduler queue wait", [q(f"max by (instance) (qwen_ext_sched_queue_wait_p50_seconds{{{I}}})", "p50 {{instance}}"),
-                                   q(f"max by (instance) (qwen_ext_sched_queue_wait_p99_seconds{{{I}}})", "p99 {{instance}}")],
-          "s"),
+    panel("Scheduler queue wait", [
+        q(f"max by (instance) (qwen_ext_sched_queue_wait_p50_seconds{{{I}}})", "p50 {{instance}}"),
+        q(f"max by (instance) (qwen_ext_sched_queue_wait_p99_seconds{{{I}}})", "p99 {{instance}}")], "s"),
     panel("Starvation and slip lanes", [
         q(f"sum(rate(qwen_ext_sched_max_wait_admissions_total{{{I}}}[{RATE}]))", "max-wait admissions/s"),
         q(f"sum(rate(qwen_ext_sched_slip_admissions_total{{{I}}}[{RATE}]))", "slip admissions/s"),

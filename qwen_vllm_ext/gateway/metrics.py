@@ -43,12 +43,10 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from prometheus_client import REGISTRY
-
     catalog.counter("qwen_ext_gateway_admissions")
     rejections = catalog.counter("qwen_ext_gateway_rejections")
     for code, status in ALERTED:
         rejections.labels(code, str(status))
     catalog.histogram("qwen_ext_gateway_overhead_seconds")
-    REGISTRY.register(TopKeyRejections())
+    catalog.register_collector(TopKeyRejections())
     _registered = True

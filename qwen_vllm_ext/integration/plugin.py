@@ -108,6 +108,10 @@ class EndpointPlugin:
         problem = shared_state_problem(settings)
         if problem:  # plain `vllm serve` with the plugin: the same refusal as the launcher's
             raise RuntimeError(f"qwen-vllm-ext: {problem}")
+        from . import metrics_route
+
+        if metrics_route.wanted():  # several API-server processes: vLLM's /metrics would miss our collectors
+            metrics_route.add_metrics_route(router)
         app.include_router(router)
         ctx = install_server_context(app, settings)
         ctx.attached = True  # a source-patched vLLM's build_app hook then adds nothing
@@ -134,8 +138,8 @@ _collectors_registered = False
 
 
 class ExtensionCollector:
-    """``qwen_ext_build_info`` and ``qwen_ext_runtime_patch_active`` (per patch and process role: 1 applied or carried by
-    vLLM's source, 0 disabled by the compatibility guard), from the records every vLLM process of this server
+    """``qwen_ext_build_info`` and ``qwen_ext_runtime_patch_active`` (per patch and process role: 1 applied or carried
+    by vLLM's source, 0 disabled by the compatibility guard), from the records every vLLM process of this server
     writes at plugin load (:func:`register_general`)."""
 
     def collect(self):
@@ -163,12 +167,11 @@ def _register_collectors() -> None:
     per process."""
     global _collectors_registered
     if not _collectors_registered:
-        from prometheus_client import REGISTRY
-
+        from ..observability import catalog
         from ..scheduling.metrics import SchedulerCollector
 
-        REGISTRY.register(SchedulerCollector())
-        REGISTRY.register(ExtensionCollector())
+        catalog.register_collector(SchedulerCollector())
+        catalog.register_collector(ExtensionCollector())
         _collectors_registered = True
 
 

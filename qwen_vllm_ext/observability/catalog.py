@@ -156,7 +156,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("vllm:num_requests_waiting", "gauge", "Requests waiting for the scheduler", ("model_name", "engine"),
            _V),
     Metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage (0-1)", ("model_name", "engine"), _V),
-    Metric("vllm:engine_sleep_state", "gauge", "Sleep state: sleep_state=\"awake\" is 1 while the engine is awake, 0 asleep",
+    Metric("vllm:engine_sleep_state", "gauge",
+           "Sleep state: sleep_state=\"awake\" is 1 while the engine is awake, 0 asleep",
            ("model_name", "engine", "sleep_state"), _V),
     Metric("vllm:num_preemptions", "counter", "Requests preempted (KV cache full)", ("model_name", "engine"), _V),
     Metric("vllm:admission_rejections", "counter", "Admission attempts rejected by a vLLM queue limit",
@@ -211,6 +212,31 @@ def histogram(name: str):
 
     m = _check(name, "histogram")
     return Histogram(m.name, m.help, list(m.labels), buckets=m.buckets)
+
+
+_custom: list = []
+
+
+def register_collector(collector) -> None:
+    """Register a custom collector on prometheus_client's default registry and remember it: with several API-server
+    processes vLLM serves a multiprocess registry instead, and the integration layer adds these to that
+    (:func:`custom_collectors`). Values a custom collector computes are this process's (a scrape reaches one process):
+    keep per-process counts in real counters, which aggregate across processes."""
+    from prometheus_client import REGISTRY
+
+    REGISTRY.register(collector)
+    _custom.append(collector)
+
+
+def unregister_collector(collector) -> None:
+    from prometheus_client import REGISTRY
+
+    REGISTRY.unregister(collector)
+    _custom.remove(collector)
+
+
+def custom_collectors() -> list:
+    return list(_custom)
 
 
 def family(name: str):

@@ -574,10 +574,11 @@ class LedgerWriter:
 
     Metrics: ``last_batch_latency_s``, ``last_batch_size``, ``batches_total``, ``committed_total`` (newly
     recorded), ``duplicates_total``, ``committed_by_status`` (status -> newly recorded count),
-    ``failed_total``, ``spilled_total``, ``replayed_total`` (spilled records the store took later);
+    ``failed_total``, ``spilled_total``, ``replayed_total`` (spilled records the store took later), each also reported
+    as it grows to ``on_count(name, n)`` (name: "failed", "spilled" or "replayed");
     ``on_batch(latency_s, newly_recorded_records)`` is called from the writer thread after every committed batch,
-    ``on_failure(error)`` after every batch the store failed to take (exceptions in either are logged, never raised). A batch whose
-    reply was lost (Redis connection dropped after the server ran it) is retried and then reports those
+    ``on_failure(error)`` after every batch the store failed to take (exceptions in callbacks are logged, never
+    raised). A batch whose reply was lost (Redis connection dropped after the server ran it) is retried and then reports those
     records as duplicates (future result False): they are recorded exactly once all the same.
     Futures' done-callbacks run on the writer thread: keep them short (asyncio callers: ``asyncio.wrap_future``).
     """
@@ -586,7 +587,8 @@ class LedgerWriter:
                  spill_dir: str | None = None, retries: int = 4, backoff_s: float = 0.05,
                  on_batch: Callable[[float, list[LedgerRecord]], None] | None = None,
                  replay_interval_s: float = 5.0,
-                 on_failure: Callable[[BaseException], None] | None = None):
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_count: Callable[[str, int], None] | None = None):
         self.store, self.batch_max, self.linger_s = store, batch_max, linger_s
         self.replay_interval_s = replay_interval_s
         self._spill_pending = False  # this process spilled records it has not replayed yet
@@ -600,6 +602,7 @@ class LedgerWriter:
         self.last_batch_latency_s = 0.0
         self.last_batch_size = self.batches_total = self.committed_total = self.duplicates_total = 0
         self.failed_total = self.spilled_total = self.replayed_total = 0
+        self.on_count = on_count
         self.committed_by_status: collections.Counter[str] = collections.Counter()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
@@ -701,7 +704,7 @@ class LedgerWriter:
             chunk = [(r, concurrent.futures.Future()) for r in records[i:i + self.batch_max]]
             if self._commit(chunk):
                 replayed += len(chunk)
-        self.replayed_total += replayed
+        self._count("replayed", replayed)
         os.unlink(claimed)
         log.warning("ledger: the store is reachable again; replayed %d of %d spilled record(s)%s", replayed,
                     len(records), "" if replayed == len(records) else f" (the rest spilled again to {path})")
@@ -714,7 +717,7 @@ class LedgerWriter:
                 record.validate()
                 valid.append((record, fut))
             except (ValueError, AttributeError) as exc:
-                self.failed_total += 1
+                self._count("failed", 1)
                 _resolve(fut, exc=exc if isinstance(exc, ValueError) else ValueError(str(exc)))
         if not valid:
             return False
@@ -738,6 +741,16 @@ class LedgerWriter:
         self._fail(batch, error)
         return False
 
+    def _count(self, name: str, n: int) -> None:
+        if n <= 0:
+            return
+        setattr(self, f"{name}_total", getattr(self, f"{name}_total") + n)
+        if self.on_count is not None:
+            try:
+                self.on_count(name, n)
+            except Exception:
+                log.exception("ledger writer: on_count callback failed")
+
     def _committed(self, latency: float, batch, results: list[bool]) -> None:
         self.last_batch_latency_s, self.last_batch_size = latency, len(batch)
         self.batches_total += 1
@@ -755,7 +768,7 @@ class LedgerWriter:
 
     def _fail(self, batch, error: BaseException) -> None:
         records = [r for r, _ in batch]
-        self.failed_total += len(batch)
+        self._count("failed", len(batch))
         if self.on_failure is not None:
             try:
                 self.on_failure(error)
@@ -764,7 +777,7 @@ class LedgerWriter:
         path: str | None = self.spill_path
         try:
             _append_jsonl(path, records)
-            self.spilled_total += len(batch)
+            self._count("spilled", len(batch))
             self._spill_pending = True
             log.error("ledger: %d record(s) could not be written to %s (%s); spilled to %s -- replayed when the "
                       "store answers again (or at the next start)", len(batch), getattr(self.store, "url", "?"),
@@ -797,7 +810,7 @@ class LedgerWriter:
             done, pending = concurrent.futures.wait(futures, timeout)
             ok = not pending and all(f.exception() is None for f in done)
             newly += sum(1 for f in done if f.exception() is None and f.result())
-            self.replayed_total += sum(1 for f in done if f.exception() is None)
+            self._count("replayed", sum(1 for f in done if f.exception() is None))
             if ok:
                 os.unlink(claimed)
             else:

@@ -36,7 +36,16 @@ def metrics():
         "queue": catalog.gauge("qwen_ext_ledger_queue_depth"),
         "write": catalog.histogram("qwen_ext_ledger_commit_wait_seconds"),
         "reuse": catalog.histogram("qwen_ext_kv_reuse_ratio"),
+        "failed": catalog.counter("qwen_ext_ledger_write_failures"),
+        "spilled": catalog.counter("qwen_ext_ledger_spilled_records"),
+        "replayed": catalog.counter("qwen_ext_ledger_replayed_records"),
     }
+
+
+def observe_writer(name: str, n: int) -> None:
+    """``LedgerWriter(on_count=...)``: failed, spilled and replayed records (real counters: they aggregate across
+    API-server processes)."""
+    metrics()[name].inc(n)
 
 
 def observe_record(record, queue_depth: int) -> None:
@@ -64,11 +73,12 @@ def spill_pending_records(spill_dir: str) -> int:
 
 
 class LedgerCollector:
-    """Scrape-time ledger figures: the writer's counters; the records waiting in spill files and the store's totals
-    for ``instance_id`` as last read by :meth:`refresh` (every ``TOTALS_EVERY_S`` on a daemon thread once
-    :meth:`start` ed; the totals are missing while the store cannot answer)."""
+    """Scrape-time ledger figures: the records waiting in spill files and the store's totals for ``instance_id`` as
+    last read by :meth:`refresh` (every ``TOTALS_EVERY_S`` on a daemon thread once :meth:`start` ed; the totals are
+    missing while the store cannot answer), and the busiest keys of this process."""
 
     def __init__(self, writer, store, instance_id: str) -> None:
+        metrics()  # the writer's counters exist (at 0) from the start
         self.writer, self.store, self.instance_id = writer, store, instance_id
         self.totals: dict[str, int] | None = None
         self.spill_pending = 0
@@ -95,13 +105,6 @@ class LedgerCollector:
         self._stop.set()
 
     def collect(self):
-        w = self.writer
-        for name, value in (("qwen_ext_ledger_write_failures", w.failed_total),
-                            ("qwen_ext_ledger_spilled_records", w.spilled_total),
-                            ("qwen_ext_ledger_replayed_records", w.replayed_total)):
-            family = catalog.family(name)
-            family.add_metric([], value)
-            yield family
         family = catalog.family("qwen_ext_ledger_spill_pending_records")
         family.add_metric([], self.spill_pending)
         yield family
@@ -123,13 +126,11 @@ _collector: LedgerCollector | None = None
 def register_collector(writer, store, instance_id: str) -> LedgerCollector:
     """Register (once per process; a later call replaces the previous server's collector) and start it."""
     global _collector
-    from prometheus_client import REGISTRY
-
     if _collector is not None:
         _collector.stop()
-        REGISTRY.unregister(_collector)
+        catalog.unregister_collector(_collector)
     _collector = LedgerCollector(writer, store, instance_id)
     _collector.refresh()
-    REGISTRY.register(_collector)
+    catalog.register_collector(_collector)
     _collector.start()
     return _collector

@@ -28,14 +28,14 @@ def attach(app, settings) -> None:
     from .access_log import AccessLog, StratifiedSampler
     from .ledger import LedgerWriter, open_store
     from ..observability.stores import declare, store_result
-    from .metrics import metrics, observe_record, register_collector
+    from .metrics import metrics, observe_record, observe_writer, register_collector
     from .middleware import UsageLedgerMiddleware
 
     os.makedirs(settings.data_dir, exist_ok=True)
     where = locations.ledger(settings)
     store = open_store(where.backend, where.target)
     writer = LedgerWriter(store, spill_dir=settings.data_dir, on_batch=lambda _s, _r: store_result("ledger", True),
-                          on_failure=lambda _e: store_result("ledger", False))
+                          on_failure=lambda _e: store_result("ledger", False), on_count=observe_writer)
     writer.replay_spill()
     register_collector(writer, store, instance_id())
     declare("ledger")

@@ -8,12 +8,15 @@
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
 
 from qwen_vllm_ext.client import AuthenticationError, Client, NO_RETRIES, RateLimitError, SSEParser, StreamDecoder
 from qwen_vllm_ext.demo import SERVED_NAME
+from qwen_vllm_ext.usage.metrics import TOTALS_EVERY_S
+from qwen_vllm_ext.usage.reconcile import parse_counters
 
 from ..redis_server import RedisServer
 from .test_gateway import gateway_server, make_key
@@ -34,8 +37,26 @@ def test_token_storm_on_two_api_servers_sharing_redis(tmp_path_factory, tmp_path
             rep, out = run_storm(server, data, key, tmp_path, "--distribution", "normal", "--input-len", "120",
                                  "--output-len", "20", "--concurrency", "16", "--num-requests", "80",
                                  "--duration", "40", "--ledger", redis.url)
+            time.sleep(TOTALS_EVERY_S + 1)  # the ledger totals gauge is refreshed on a timer
+            scrapes = [httpx.get(server.base_url + "/metrics", timeout=30).text for _ in range(6)]
+            instance = httpx.get(server.base_url + "/qwen_ext/health", timeout=30).json()["instance_id"]
+            from qwen_vllm_ext.usage.ledger import RedisLedgerStore
+
+            store = RedisLedgerStore(redis.url)
+            ledger_tokens, ledger_records = store.instance_tokens(instance), store.totals(instance)["requests"]
+            store.close()
         finally:
             server.stop()
+    # /metrics with two API-server processes (prometheus_client multiprocess mode): the extension's collectors are
+    # there whichever process answers, and the per-process counters aggregate
+    for text in scrapes:
+        samples = parse_counters(text, ["qwen_ext_build_info", "qwen_ext_ledger_records_total",
+                                        "qwen_ext_gateway_admissions_total"])
+        assert samples["qwen_ext_build_info"] == 1
+        assert samples["qwen_ext_ledger_records_total"] == ledger_records
+        assert samples["qwen_ext_gateway_admissions_total"] == rep["throughput"]["completed"]
+        assert f'qwen_ext_ledger_instance_tokens{{kind="completion"}} {float(ledger_tokens["completion_tokens"])}' in text
+        assert "qwen_ext_runtime_patch_active{" in text
     assert rep["accounting"]["mismatches"] == [] and rep["accounting"]["ledger_checked"]
     hh = rep["header_honesty"]
     assert hh["violations"] == [] and hh["overshoot"]["overshoot_tokens"] == 0, out
