@@ -1,0 +1,391 @@
+"""``python -m qwen_vllm_ext.doctor --url http://HOST:PORT [--api-key K] [--admin-key A] [--json]``
+
+Checks a running server from the outside, as an operator would after a deploy, and prints one line per check —
+PASS / WARN / FAIL, what was seen, what to do — (``--json``: the same as a list of objects). Exit status 1 on any
+FAIL. Needs only the standard library and ``httpx``.
+
+Every probe request carries an ``x-request-id`` starting with :data:`PROBE_PREFIX` (the ledger keeps it as the
+record's request id, so probes can be told apart in ``usage report``/``usage records`` and in the access log).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+PROBE_PREFIX = "qwen-doctor-"
+REUSE_MIN = 0.9
+BLOCK_FALLBACK = 16
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    status: str  # PASS, WARN, FAIL
+    seen: str
+    fix: str = ""
+
+
+class Doctor:
+    def __init__(self, url: str, api_key: str | None = None, admin_key: str | None = None, timeout: float = 120.0):
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.api_key, self.admin_key = api_key, admin_key
+        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+        self.checks: list[Check] = []
+        self.health: dict | None = None
+        self.model: str | None = None
+        self.metrics_text = ""
+
+    # ---- helpers ---------------------------------------------------------------------------------------------
+    def add(self, name: str, status: str, seen: str, fix: str = "") -> Check:
+        check = Check(name, status, seen, fix if status != "PASS" else "")
+        self.checks.append(check)
+        return check
+
+    def headers(self, extra: dict | None = None) -> dict:
+        h = {"x-request-id": PROBE_PREFIX + uuid.uuid4().hex[:16]}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return {**h, **(extra or {})}
+
+    def settings(self) -> dict:
+        return (self.health or {}).get("settings", {})
+
+    def chat_stream(self, messages: list[dict], max_tokens: int = 8, headers: dict | None = None) -> dict:
+        """Stream one chat completion; returns {status, chunks, usage (last), text, headers, request_id}."""
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
+                "temperature": 0}
+        hdrs = self.headers(headers)
+        out = {"status": None, "chunks": [], "usage": None, "text": "", "headers": {}, "request_id": hdrs["x-request-id"]}
+        with self.http.stream("POST", "/v1/chat/completions", json=body, headers=hdrs) as r:
+            out["status"], out["headers"] = r.status_code, dict(r.headers)
+            if r.status_code != 200:
+                out["error"] = r.read().decode(errors="replace")[:300]
+                return out
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                out["chunks"].append(chunk)
+                if chunk.get("usage"):
+                    out["usage"] = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    out["text"] += (choice.get("delta") or {}).get("content") or ""
+        return out
+
+    def metric_sum(self, name: str, **labels: str) -> float | None:
+        from .usage.reconcile import _SAMPLE
+
+        total, found = 0.0, False
+        for line in self.metrics_text.splitlines():
+            m = _SAMPLE.match(line.strip()) if line and not line.startswith("#") else None
+            if not m or m.group(1) != name:
+                continue
+            if any(f'{k}="{v}"' not in (m.group(2) or "") for k, v in labels.items()):
+                continue
+            total, found = total + float(m.group(3)), True
+        return total if found else None
+
+    def refresh_metrics(self) -> None:
+        r = self.http.get("/metrics")
+        self.metrics_text = r.text if r.status_code == 200 else ""
+
+    # ---- checks ----------------------------------------------------------------------------------------------
+    def run(self) -> list[Check]:
+        # the scheduler is checked after the probes: an engine core publishes its status once it has scheduled
+        steps: list[Callable[[], bool | None]] = [self.check_reachable, self.check_plugin, self.check_versions,
+                                                 self.check_prefix_caching, self.check_probe, self.check_reuse,
+                                                 self.check_scheduler, self.check_gateway, self.check_admin,
+                                                 self.check_ledger]
+        for step in steps:
+            try:
+                if step() is False:
+                    break  # nothing further can be checked
+            except Exception as exc:  # noqa: BLE001 - a check that crashes is a FAIL with its reason
+                self.add(step.__name__.removeprefix("check_"), "FAIL", f"{type(exc).__name__}: {exc}",
+                         "see the server log; rerun with --json for details")
+        return self.checks
+
+    def check_reachable(self) -> bool:
+        try:
+            r = self.http.get("/health", timeout=10)
+        except Exception as exc:  # noqa: BLE001
+            self.add("server", "FAIL", f"{self.url} unreachable ({exc})", "check the URL, the port and the pod")
+            return False
+        if r.status_code != 200:
+            self.add("server", "FAIL", f"/health answered {r.status_code}", "the engine is not ready: see the log")
+            return False
+        models = self.http.get("/v1/models", headers=self.headers())
+        if models.status_code != 200:
+            self.add("server", "FAIL", f"/v1/models answered {models.status_code}",
+                     "the gateway is on: pass --api-key with a key for this server")
+            return False
+        self.model = (models.json().get("data") or [{}])[0].get("id")
+        self.add("server", "PASS", f"/health 200; serving {self.model}")
+        return True
+
+    def check_plugin(self) -> bool:
+        r = self.http.get("/qwen_ext/health", timeout=10)
+        if r.status_code != 200:
+            self.add("plugin", "FAIL", f"/qwen_ext/health answered {r.status_code}: the extension's endpoint plugin "
+                     "is not loaded in the API server",
+                     "start with `python -m qwen_vllm_ext.serve`, or add qwen_vllm_ext to VLLM_PLUGINS "
+                     "(vLLM loads endpoint plugins only when named there)")
+            return False
+        self.health = h = r.json()
+        roles = set(h.get("plugin_loaded_in", []))
+        if not {"api_server", "engine_core"} <= roles:
+            self.add("plugin", "FAIL", f"loaded in {sorted(roles)}; the engine core is missing",
+                     "VLLM_PLUGINS must not filter out qwen_vllm_ext (the engine core loads general plugins)")
+        else:
+            self.add("plugin", "PASS", f"loaded in {', '.join(sorted(roles))}")
+        return True
+
+    def check_versions(self) -> None:
+        from ._vllm import SUPPORTED_VLLM_SERIES, version_supported
+
+        h = self.health
+        vllm = h.get("vllm_version", "?")
+        if not version_supported(vllm):
+            self.add("vllm version", "FAIL", f"vLLM {vllm}; supported series {', '.join(SUPPORTED_VLLM_SERIES)}",
+                     "install a supported vLLM or the extension release built for this one")
+        else:
+            self.add("vllm version", "PASS", f"vLLM {vllm}, extension {h.get('version')}")
+        disabled = h.get("disabled_patches") or {}
+        if not h.get("patching"):
+            self.add("runtime patches", "FAIL", f"patching off: {h.get('patching_reason')}",
+                     "see the reason; enabled=true and a supported vLLM turn them on")
+        elif disabled:
+            self.add("runtime patches", "FAIL", f"disabled by the compatibility guard: {', '.join(disabled)}",
+                     "vLLM changed under the patch: install the matching extension release or pin vLLM")
+        else:
+            self.add("runtime patches", "PASS", f"active: {', '.join(h['features']['patches']) or 'none wanted'} "
+                     f"({h.get('patch_mode')} mode)")
+
+    def check_scheduler(self) -> None:
+        status = self.http.get("/qwen_ext/health", timeout=10).json().get("scheduler") or []
+        wanted = self.settings().get("token_weighted_scheduler")
+        if status:
+            s = status[0]
+            self.add("scheduler", "PASS", f"{s.get('scheduler')} in the engine core (pid {s.get('pid')}); ordering: "
+                     f"{(s.get('costs') or {}).get('ordering', '?')}")
+        elif wanted:
+            self.add("scheduler", "FAIL", "token_weighted_scheduler=true but no engine core reports the class",
+                     "an explicit --scheduler-cls wins over the setting; check the engine core log")
+        else:
+            self.add("scheduler", "PASS", "vLLM's FCFS scheduler (token_weighted_scheduler=false: the cpu profile's "
+                     "default; docs/scheduling.md says when to turn it on)")
+
+    def check_prefix_caching(self) -> None:
+        self.refresh_metrics()
+        info = [line for line in self.metrics_text.splitlines() if line.startswith("vllm:cache_config_info{")]
+        if not info:
+            self.add("prefix caching", "WARN", "vllm:cache_config_info not on /metrics", "check --disable-log-stats")
+            return
+        on = 'enable_prefix_caching="True"' in info[0]
+        if on:
+            self.add("prefix caching", "PASS", "enable_prefix_caching=True (vllm:cache_config_info)")
+        else:
+            self.add("prefix caching", "FAIL", "enable_prefix_caching=False: no cached tokens, no KV reuse across turns",
+                     "drop --no-enable-prefix-caching (the profiles turn it on)")
+
+    def check_probe(self) -> None:
+        messages = [{"role": "user", "content": "qwen-vllm-ext doctor probe: "
+                     + " ".join(f"word{i}" for i in range(200))}]
+        first = self.chat_stream(messages)
+        if first["status"] != 200:
+            self.add("probe request", "FAIL", f"HTTP {first['status']}: {first.get('error')}",
+                     "pass --api-key with a key allowed on this model (gateway on)")
+            return
+        content = [c for c in first["chunks"] if c.get("choices")]
+        missing = [i for i, c in enumerate(content) if not c.get("usage")]
+        final = first["usage"] or {}
+        if missing or "billing" not in final or "cached_tokens" not in (final.get("prompt_tokens_details") or {}):
+            self.add("usage on every chunk", "FAIL", f"{len(missing)} of {len(content)} chunks without usage; "
+                     f"final usage keys {sorted(final)}", "per_chunk_usage=true (default) and the runtime patch active")
+        else:
+            self.add("usage on every chunk", "PASS", f"{len(content)} chunks, each with usage (cached tokens, "
+                     f"billing); prompt {final['prompt_tokens']} tokens")
+        second = self.chat_stream(messages)
+        cached = ((second["usage"] or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        if cached > 0:
+            self.add("cached tokens", "PASS", f"the repeated probe reported {cached} cached tokens")
+        else:
+            self.add("cached tokens", "FAIL", "the repeated probe reported 0 cached tokens",
+                     "enable prefix caching (--enable-prefix-caching; the profiles turn it on)")
+        r = self.http.post("/v1/tokens/count", json={"model": self.model, "messages": messages},
+                           headers=self.headers())
+        counted = r.json().get("prompt_tokens") if r.status_code == 200 else None
+        if counted == final.get("prompt_tokens"):
+            self.add("token count", "PASS", f"POST /v1/tokens/count = served prompt_tokens = {counted}")
+        else:
+            self.add("token count", "FAIL", f"POST /v1/tokens/count {r.status_code} {counted} vs served "
+                     f"{final.get('prompt_tokens')}", "the calculator's template differs from the served one: "
+                     "check --chat-template / kv_reuse_template")
+
+    def check_reuse(self) -> None:
+        kv = self.health.get("kv_reuse") or {}
+        block = self._block_size()
+        session = {"x-session-id": f"{PROBE_PREFIX}{uuid.uuid4().hex[:8]}"}
+        messages = [{"role": "user", "content": "Turn one of a doctor probe conversation. "
+                     + " ".join(f"alpha{i}" for i in range(150))}]
+        ratios, prev = [], None
+        for turn in range(3):
+            res = self.chat_stream(messages, max_tokens=8, headers=session)
+            if res["status"] != 200:
+                self.add("kv reuse", "FAIL", f"turn {turn + 1}: HTTP {res['status']}", "see the probe request check")
+                return
+            usage = res["usage"] or {}
+            if prev is not None:
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                reusable = (prev // block) * block
+                ratios.append(cached / reusable if reusable else 1.0)
+            # the previous turn's prompt: its completion comes back as text, which a random or truncated answer
+            # need not re-tokenize to the same ids (the block holding it may miss; a real chat's answers do match)
+            prev = usage.get("prompt_tokens", 0)
+            messages += [{"role": "assistant", "content": res["text"]},
+                         {"role": "user", "content": f"Turn {turn + 2}: go on. " + " ".join(
+                             f"beta{turn}x{i}" for i in range(40))}]
+        worst = min(ratios)
+        template = kv.get("template")
+        seen = (f"turns 2-3 reused {', '.join(f'{r:.0%}' for r in ratios)} of the previous turn's prompt "
+                f"(block-rounded, block {block}); template {template}")
+        fix_template = ("kv_reuse_template=true (the launcher's default) serves Qwen3 with the prefix-stable "
+                        "qwen3-reuse template; the stock one drops earlier turns' thinking, so those turns re-prefill")
+        if worst < REUSE_MIN:
+            self.add("kv reuse", "FAIL", seen, fix_template if not kv.get("reuse_template") else
+                     "cache pressure (KV-cache usage) or a template that rewrites earlier turns")
+        elif not kv.get("reuse_template"):
+            self.add("kv reuse", "WARN", seen + "; the qwen3-reuse template is off", fix_template)
+        else:
+            self.add("kv reuse", "PASS", seen)
+
+    def _block_size(self) -> int:
+        for line in self.metrics_text.splitlines():
+            if line.startswith("vllm:cache_config_info{"):
+                for part in line.split("{", 1)[1].split(","):
+                    key, _, value = part.partition("=")
+                    if key.strip() == "block_size":
+                        return int(value.strip().strip('"').strip("}").strip('"'))
+        return BLOCK_FALLBACK
+
+    def check_gateway(self) -> None:
+        if not self.settings().get("gateway"):
+            self.add("gateway", "WARN", "gateway off: no API keys, no RPM/TPM limits, no budgets on this server",
+                     "gateway=true (--qwen-gateway true) with keys from `python -m qwen_vllm_ext.keys create`, or "
+                     "keep an external gateway in front")
+            return
+        bad = self.http.post("/v1/chat/completions", headers={"Authorization": "Bearer qve-doctor-invalid-key"},
+                             json={"model": self.model, "messages": [{"role": "user", "content": "hi"}]})
+        code = (bad.json().get("error") or {}).get("code") if bad.headers.get("content-type", "").startswith(
+            "application/json") else None
+        if bad.status_code == 401 and code == "invalid_api_key":
+            self.add("gateway: bad key", "PASS", "a wrong key gets 401 invalid_api_key")
+        else:
+            self.add("gateway: bad key", "FAIL", f"a wrong key got {bad.status_code} {code}", "check the gateway log")
+        if not self.api_key:
+            self.add("gateway: limits", "WARN", "no --api-key given: rate-limit headers and body checks not probed",
+                     "rerun with --api-key of a key with RPM/TPM limits")
+            return
+        res = self.http.post("/v1/chat/completions", headers=self.headers(), json={
+            "model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        limits = sorted(k for k in res.headers if k.startswith("x-ratelimit-"))
+        if res.status_code == 200 and limits:
+            self.add("gateway: limits", "PASS", f"{len(limits)} rate-limit headers ({', '.join(limits[:2])}, ...)")
+        elif res.status_code == 200:
+            self.add("gateway: limits", "WARN", "this key has no RPM/TPM limit (no x-ratelimit-* headers)",
+                     "set rpm/tpm on the key or global_rpm/global_tpm")
+        else:
+            self.add("gateway: limits", "FAIL", f"the probe got HTTP {res.status_code}", "check the key's scope")
+        badbody = self.http.post("/v1/chat/completions", headers=self.headers(), json={
+            "model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": -5})
+        if badbody.status_code == 400:
+            self.add("gateway: body checks", "PASS", "an invalid max_tokens gets 400 before the engine")
+        else:
+            self.add("gateway: body checks", "FAIL", f"an invalid max_tokens got {badbody.status_code}",
+                     "check the gateway's admission log")
+
+    def check_admin(self) -> None:
+        if not self.settings().get("gateway"):
+            return
+        anonymous = self.http.get("/qwen_ext/admin/keys")
+        if anonymous.status_code != 401:
+            self.add("gateway: admin routes", "FAIL", f"/qwen_ext/admin/keys without the admin key: "
+                     f"{anonymous.status_code}", "set admin_key; never expose the admin routes without it")
+        elif not self.admin_key:
+            self.add("gateway: admin routes", "PASS", "closed without the admin key (401); --admin-key not given")
+        else:
+            ok = self.http.get("/qwen_ext/admin/keys", headers={"Authorization": f"Bearer {self.admin_key}"})
+            if ok.status_code == 200:
+                self.add("gateway: admin routes", "PASS", f"401 without the admin key, 200 with it "
+                         f"({len(ok.json().get('data', []))} keys)")
+            else:
+                self.add("gateway: admin routes", "FAIL", f"the given admin key got {ok.status_code}",
+                         "check --admin-key against the server's admin_key setting")
+
+    def check_ledger(self) -> None:
+        if not self.settings().get("ledger"):
+            self.add("ledger", "WARN", "usage ledger off: no durable per-request records", "ledger=true (default)")
+            return
+        deadline, drift = time.time() + 15, None
+        while time.time() < deadline:  # the ledger totals gauge refreshes every few seconds
+            self.refresh_metrics()
+            engine = sum(self.metric_sum(n) or 0 for n in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"))
+            ledger = self.metric_sum("qwen_ext_ledger_instance_tokens")
+            running = sum(self.metric_sum(n) or 0 for n in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+            if ledger is not None and running == 0:
+                drift = engine - ledger
+                if drift == 0:
+                    break
+            time.sleep(1)
+        records = self.metric_sum("qwen_ext_ledger_records_total") or 0
+        if drift == 0:
+            self.add("ledger", "PASS", f"{records:.0f} records; ledger totals = engine counters ({engine:.0f} tokens, "
+                     "drift 0)")
+        elif drift is None:
+            self.add("ledger", "WARN", "could not compare (no qwen_ext_ledger_instance_tokens, or the engine never "
+                     "idle)", "rerun when the server is quiet; `python -m qwen_vllm_ext.usage reconcile` is exact")
+        else:
+            self.add("ledger", "FAIL", f"engine - ledger = {drift:.0f} tokens with nothing in flight",
+                     "records were lost or double counted: `python -m qwen_vllm_ext.usage reconcile --url ...`, "
+                     "spill files in data_dir")
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        line = f"{c.status:<4}  {c.name:<{width}}  {c.seen}"
+        if c.fix:
+            line += f"\n      {'':<{width}}  -> {c.fix}"
+        lines.append(line)
+    fails = sum(c.status == "FAIL" for c in checks)
+    warns = sum(c.status == "WARN" for c in checks)
+    lines.append(f"{len(checks)} checks: {fails} FAIL, {warns} WARN")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m qwen_vllm_ext.doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True, help="the server, e.g. http://localhost:8000")
+    parser.add_argument("--api-key", help="a key for the probes (gateway on)")
+    parser.add_argument("--admin-key", help="the admin key (checks that the admin routes take it and refuse others)")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.add_argument("--timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    checks = Doctor(args.url, args.api_key, args.admin_key, args.timeout).run()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(c) for c in checks], indent=2))
+    else:
+        print(render(checks))
+    return 1 if any(c.status == "FAIL" for c in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""E2E: `python -m qwen_vllm_ext.doctor` against live demo servers: every check passes on a well-configured one
+(gateway, ledger, token-weighted scheduler, KV-reuse template), and each misconfiguration gets the right FAIL or WARN
+with its fix — gateway off, prefix caching off, the reuse template off, the endpoint plugin not loaded (plain vLLM
+without qwen_vllm_ext in VLLM_PLUGINS)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from qwen_vllm_ext.bench.server import ServeProcess
+from qwen_vllm_ext.demo import ensure_demo_model
+
+from .conftest import STARTUP_TIMEOUT_S, Server
+from .test_gateway import ADMIN, gateway_server
+
+
+def doctor(server, *args) -> tuple[int, dict[str, dict]]:
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.doctor", "--url", server.base_url, "--json", *args],
+                          capture_output=True, text=True, timeout=600)
+    checks = json.loads(proc.stdout)
+    return proc.returncode, {c["name"]: c for c in checks}
+
+
+def statuses(checks: dict[str, dict]) -> dict[str, str]:
+    return {name: c["status"] for name, c in checks.items()}
+
+
+def not_passing(checks: dict[str, dict]) -> list[dict]:
+    return [c for c in checks.values() if c["status"] != "PASS"]
+
+
+def test_a_well_configured_server_passes_every_check(tmp_path_factory):
+    server, _ = gateway_server(tmp_path_factory, "doctor-ok", extra=["--qwen-token-weighted-scheduler", "true",
+                                                                     "--qwen-spike-factor", "0"])
+    try:
+        server.wait_healthy()
+        with httpx.Client(base_url=server.base_url, timeout=60) as c:
+            key = c.post("/qwen_ext/admin/keys", headers={"Authorization": f"Bearer {ADMIN}"},
+                         json={"name": "doctor", "rpm": 1000, "tpm": 1_000_000}).json()["key"]
+        code, checks = doctor(server, "--api-key", key, "--admin-key", ADMIN)
+        text = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.doctor", "--url", server.base_url, "--api-key",
+                               key], capture_output=True, text=True, timeout=600).stdout
+    finally:
+        server.stop()
+    assert code == 0 and not_passing(checks) == [], not_passing(checks)
+    for wanted in ("server", "plugin", "vllm version", "runtime patches", "scheduler", "prefix caching",
+                   "usage on every chunk", "cached tokens", "token count", "kv reuse", "gateway: bad key",
+                   "gateway: limits", "gateway: body checks", "gateway: admin routes", "ledger"):
+        assert wanted in checks, wanted
+    assert "TokenWeighted" in checks["scheduler"]["seen"] and "drift 0" in checks["ledger"]["seen"]
+    assert text.splitlines()[-1].endswith("0 FAIL, 0 WARN") and text.startswith("PASS")
+
+
+def test_gateway_off_is_a_warning_with_the_fix(demo_server):
+    code, checks = doctor(demo_server)
+    st = statuses(checks)
+    assert code == 0 and st["gateway"] == "WARN" and "--qwen-gateway true" in checks["gateway"]["fix"]
+    assert [c for c in not_passing(checks) if c["name"] != "gateway"] == []
+
+
+def test_prefix_caching_off_fails_with_the_fix(tmp_path_factory):
+    server = Server(["--no-enable-prefix-caching"], tmp_path_factory.mktemp("logs") / "nopc.log",
+                    data_dir=tmp_path_factory.mktemp("nopc"))
+    try:
+        server.wait_healthy()
+        code, checks = doctor(server)
+    finally:
+        server.stop()
+    st = statuses(checks)
+    assert code == 1 and st["prefix caching"] == "FAIL" and st["cached tokens"] == "FAIL", checks
+    assert "enable-prefix-caching" in checks["prefix caching"]["fix"]
+
+
+def test_the_reuse_template_off_is_flagged_with_the_fix(tmp_path_factory):
+    server = Server(["--qwen-kv-reuse-template", "false"], tmp_path_factory.mktemp("logs") / "stock.log",
+                    data_dir=tmp_path_factory.mktemp("stock"))
+    try:
+        server.wait_healthy()
+        code, checks = doctor(server)
+    finally:
+        server.stop()
+    kv = checks["kv reuse"]
+    assert kv["status"] in ("WARN", "FAIL") and "kv_reuse_template=true" in kv["fix"], kv
+    assert "template" in kv["seen"]
+
+
+class PlainVllm(ServeProcess):
+    def __init__(self, argv, log_path, env):
+        ServeProcess.__init__(self, argv, log_path, env=env, module="vllm.entrypoints.openai.api_server")
+
+
+def test_without_the_endpoint_plugin_the_doctor_says_how_to_load_it(tmp_path_factory):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}  # vLLM's default: no endpoint plugins
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    server = PlainVllm(["--model", str(ensure_demo_model()), "--dtype", "float32", "--enforce-eager",
+                        "--max-model-len", "2048"],
+                       tmp_path_factory.mktemp("logs") / "plain.log", env=env)
+    try:
+        server.wait_healthy(STARTUP_TIMEOUT_S)
+        code, checks = doctor(server)
+    finally:
+        server.stop()
+    assert code == 1 and checks["plugin"]["status"] == "FAIL", checks
+    assert "VLLM_PLUGINS" in checks["plugin"]["fix"] and "qwen_vllm_ext.serve" in checks["plugin"]["fix"]
+    assert list(checks) == ["server", "plugin"]  # nothing further can be checked without the plugin
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9"])
+def test_an_unreachable_server_fails_cleanly(url):
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.doctor", "--url", url], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout.startswith("FAIL") and "unreachable" in proc.stdout
