@@ -62,27 +62,25 @@ def test_gateway_off_is_a_warning_with_the_fix(demo_server):
     assert [c for c in not_passing(checks) if c["name"] != "gateway"] == []
 
 
-def test_prefix_caching_off_fails_with_the_fix(tmp_path_factory):
-    server = Server(["--no-enable-prefix-caching"], tmp_path_factory.mktemp("logs") / "nopc.log",
-                    data_dir=tmp_path_factory.mktemp("nopc"))
+def doctor_on_launcher(tmp_path_factory, name: str, argv: list[str]) -> tuple[int, dict[str, dict]]:
+    """Start a launcher server with ``argv``, run the doctor against it, stop it."""
+    server = Server(argv, tmp_path_factory.mktemp("logs") / f"{name}.log", data_dir=tmp_path_factory.mktemp(name))
     try:
         server.wait_healthy()
-        code, checks = doctor(server)
+        return doctor(server)
     finally:
         server.stop()
+
+
+def test_prefix_caching_off_fails_with_the_fix(tmp_path_factory):
+    code, checks = doctor_on_launcher(tmp_path_factory, "nopc", ["--no-enable-prefix-caching"])
     st = statuses(checks)
     assert code == 1 and st["prefix caching"] == "FAIL" and st["cached tokens"] == "FAIL", checks
     assert "enable-prefix-caching" in checks["prefix caching"]["fix"]
 
 
 def test_the_reuse_template_off_is_flagged_with_the_fix(tmp_path_factory):
-    server = Server(["--qwen-kv-reuse-template", "false"], tmp_path_factory.mktemp("logs") / "stock.log",
-                    data_dir=tmp_path_factory.mktemp("stock"))
-    try:
-        server.wait_healthy()
-        code, checks = doctor(server)
-    finally:
-        server.stop()
+    _, checks = doctor_on_launcher(tmp_path_factory, "stock", ["--qwen-kv-reuse-template", "false"])
     kv = checks["kv reuse"]
     assert kv["status"] in ("WARN", "FAIL") and "kv_reuse_template=true" in kv["fix"], kv
     assert "template" in kv["seen"]
