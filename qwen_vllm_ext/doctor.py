@@ -4,8 +4,9 @@ Checks a running server from the outside, as an operator would after a deploy, a
 PASS / WARN / FAIL, what was seen, what to do — (``--json``: the same as a list of objects). Exit status 1 on any
 FAIL. Needs only the standard library and ``httpx``.
 
-Every probe request carries an ``x-request-id`` starting with :data:`PROBE_PREFIX` (the ledger keeps it as the
-record's request id, so probes can be told apart in ``usage report``/``usage records`` and in the access log).
+Every probe request carries an ``x-request-id`` starting with ``qwen-doctor-``: the ledger keeps it as the record's
+id, counts it in the instance totals (the engine did the work) but not in the daily aggregates, and ``usage report``
+leaves probes out unless ``--include-probes``.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-PROBE_PREFIX = "qwen-doctor-"
+from .usage.ledger import PROBE_PREFIX
+
 REUSE_MIN = 0.9
 BLOCK_FALLBACK = 16
 

@@ -91,7 +91,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     since = days_since(args.days) if args.days is not None else args.since
     store = open_from_args(args)
     try:
-        rows = store.report(by=args.by, since=since, until=args.until)
+        rows = store.report(by=args.by, since=since, until=args.until, include_probes=args.include_probes)
     finally:
         store.close()
     if args.json:
@@ -149,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="usage and billed units per API key, model or UTC day")
     rep.add_argument("--by", choices=sorted(REPORT_BY), default="key")
+    rep.add_argument("--include-probes", action="store_true",
+                     help="count the doctor's health probes (request ids qwen-doctor-*) too")
     window = rep.add_mutually_exclusive_group()
     window.add_argument("--since", type=parse_time, help="ISO date/time (UTC if no zone); finished_at >= since")
     window.add_argument("--days", type=int, help="today (UTC) and the N-1 days before")

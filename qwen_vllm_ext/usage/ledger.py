@@ -59,6 +59,8 @@ from ..store.sqlite import Database, apply_schema
 log = logging.getLogger(__name__)
 
 STATUSES = ("stop", "length", "client_disconnected", "aborted", "error")
+PROBE_PREFIX = "qwen-doctor-"
+"""Request ids (``x-request-id``) of health probes: see :attr:`LedgerRecord.probe`."""
 MICRO = 1_000_000
 _INT_FIELDS = ("http_status", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
                "engine_prompt_tokens", "billed_prompt_micro", "billed_completion_micro")
@@ -169,6 +171,12 @@ class LedgerRecord:
             self.reuse_ratio = float(self.reuse_ratio)
 
     @property
+    def probe(self) -> bool:
+        """A health probe (``python -m qwen_vllm_ext.doctor``): recorded and in the instance totals (the engine did the
+        work), but not in the daily aggregates nor, by default, in reports."""
+        return self.request_id.startswith(PROBE_PREFIX)
+
+    @property
     def billed_total_micro(self) -> int:
         return self.billed_prompt_micro + self.billed_completion_micro
 
@@ -273,9 +281,11 @@ class LedgerStore(Protocol):
         """``engine_prompt_tokens`` and ``completion_tokens`` summed over one instance's records (what vLLM's counters
         of that server count): cheap enough for every metrics scrape."""
 
-    def report(self, by: str = "key", since: float | None = None, until: float | None = None) -> list[dict]:
+    def report(self, by: str = "key", since: float | None = None, until: float | None = None,
+               include_probes: bool = False) -> list[dict]:
         """One row per key/model/day: ``{by: value, requests, prompt_tokens, cached_tokens,
-        completion_tokens, billed_micro}`` sorted by value (key '' = no API key)."""
+        completion_tokens, billed_micro}`` sorted by value (key '' = no API key); health probes left out unless
+        ``include_probes``."""
 
     def daily(self, api_key_id: str | None, day: str) -> dict[str, int]:
         """The exact per-(key, day) aggregate summed over models (zeros when absent)."""
@@ -355,7 +365,7 @@ class SqliteLedgerStore:
         with self._sql.transaction() as db:
             for r in records:
                 new = db.execute(_INSERT, [getattr(r, c) for c in _COLUMNS]).rowcount == 1
-                if new:
+                if new and not r.probe:
                     db.execute(_UPSERT_DAILY, (r.api_key_id or "", r.day, r.model, r.prompt_tokens,
                                                r.cached_tokens, r.completion_tokens, r.billed_total_micro))
                 out.append(new)
@@ -407,11 +417,11 @@ class SqliteLedgerStore:
         cols = ("api_key_id", "day", "model") + DAILY_FIELDS
         return [dict(zip(cols, row)) for row in self._query(f"SELECT {', '.join(cols)} FROM daily")]
 
-    def report(self, by="key", since=None, until=None) -> list[dict[str, Any]]:
+    def report(self, by="key", since=None, until=None, include_probes=False) -> list[dict[str, Any]]:
         _check_by(by)
-        if _from_daily(by, since, until):
+        if _from_daily(by, since, until) and not include_probes:
             return _report_from_daily(by, self._daily_rows(), since, until)
-        return _report_from_records(by, self.records(since, until))
+        return _report_from_records(by, (r for r in self.records(since, until) if include_probes or not r.probe))
 
     def daily(self, api_key_id, day) -> dict[str, int]:
         rows = self._query(f"SELECT {', '.join('SUM(%s)' % f for f in DAILY_FIELDS)} FROM daily "
@@ -437,13 +447,15 @@ for i = 2, #ARGV, 15 do
     local d, prompt, engine, cached, compl, reason, billed =
       ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14]
     redis.call('ZADD', p .. 'by_finished', ARGV[i + 2], id)
-    redis.call('HSET', d, 'api_key_id', key, 'day', day, 'model', model)
-    redis.call('HINCRBY', d, 'requests', 1)
-    redis.call('HINCRBY', d, 'prompt_tokens', prompt)
-    redis.call('HINCRBY', d, 'cached_tokens', cached)
-    redis.call('HINCRBY', d, 'completion_tokens', compl)
-    redis.call('HINCRBY', d, 'billed_micro', billed)
-    redis.call('SADD', p .. 'dailies', d)
+    if d ~= '' then  -- '' for health probes: not in the daily aggregates
+      redis.call('HSET', d, 'api_key_id', key, 'day', day, 'model', model)
+      redis.call('HINCRBY', d, 'requests', 1)
+      redis.call('HINCRBY', d, 'prompt_tokens', prompt)
+      redis.call('HINCRBY', d, 'cached_tokens', cached)
+      redis.call('HINCRBY', d, 'completion_tokens', compl)
+      redis.call('HINCRBY', d, 'billed_micro', billed)
+      redis.call('SADD', p .. 'dailies', d)
+    end
     local t = p .. 'totals:' .. inst
     redis.call('HINCRBY', t, 'requests', 1)
     redis.call('HINCRBY', t, 'prompt_tokens', prompt)
@@ -488,7 +500,8 @@ class RedisLedgerStore:
         for r in records:
             r.validate()
             args += [r.request_id, json.dumps(r.to_dict(), separators=(",", ":")), repr(r.finished_at),
-                     r.instance_id, r.api_key_id or "", r.day, r.model, r.status, self._daily_key(r),
+                     r.instance_id, r.api_key_id or "", r.day, r.model, r.status,
+                     "" if r.probe else self._daily_key(r),
                      r.prompt_tokens, r.engine_prompt_tokens, r.cached_tokens, r.completion_tokens, r.reasoning_tokens,
                      r.billed_total_micro]
         if not records:
@@ -536,11 +549,11 @@ class RedisLedgerStore:
             pipe.hgetall(key)
         return [row for row in pipe.execute() if row]
 
-    def report(self, by="key", since=None, until=None) -> list[dict[str, Any]]:
+    def report(self, by="key", since=None, until=None, include_probes=False) -> list[dict[str, Any]]:
         _check_by(by)
-        if _from_daily(by, since, until):
+        if _from_daily(by, since, until) and not include_probes:
             return _report_from_daily(by, self._daily_rows(), since, until)
-        return _report_from_records(by, self.records(since, until))
+        return _report_from_records(by, (r for r in self.records(since, until) if include_probes or not r.probe))
 
     def daily(self, api_key_id, day) -> dict[str, int]:
         out = dict.fromkeys(DAILY_FIELDS, 0)

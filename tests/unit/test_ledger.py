@@ -497,3 +497,24 @@ def test_instance_tokens_and_the_metrics_collector(target, tmp_path):
     finally:
         writer.close()
         store.close()
+
+
+def test_health_probes_count_in_the_instance_totals_but_not_in_daily_aggregates_or_reports(store):
+    from qwen_vllm_ext.usage.ledger import PROBE_PREFIX
+
+    real = make("real-1", 0, instance_id="me", api_key_id="key-a")
+    probe = make(PROBE_PREFIX + "abc", 0, instance_id="me", api_key_id="key-a")
+    assert probe.probe and not real.probe
+    assert store.write_batch_flags([real, probe]) == [True, True]
+    # the engine did the probe's work: the drift signal must see it
+    assert store.instance_tokens("me") == {
+        "engine_prompt_tokens": real.engine_prompt_tokens + probe.engine_prompt_tokens,
+        "completion_tokens": real.completion_tokens + probe.completion_tokens}
+    assert store.get(probe.request_id) is not None
+    assert store.daily("key-a", real.day)["requests"] == 1
+    for by in ("key", "day", "model"):
+        (row,) = store.report(by)
+        assert row["requests"] == 1 and row["prompt_tokens"] == real.prompt_tokens, (by, row)
+        (row,) = store.report(by, include_probes=True)
+        assert row["requests"] == 2, (by, row)
+    assert sum(r["requests"] for r in store.report("instance")) == 1
