@@ -57,6 +57,26 @@ VARIANTS: dict[str, dict] = {
                       "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64},
 }
 GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16"}
+"""Qwen3-8B's architecture (its published config.json): served with ``--load-format dummy`` by
+benchmarks/gpu_check.py, so no weights are written or downloaded."""
+
+
+def write_config_only(output: str | os.PathLike, overrides: dict | None = None) -> Path:
+    """A model directory without weights (config, generation config, the Qwen3 tokenizer and chat template), for
+    vLLM's ``--load-format dummy``: the architecture of ``CONFIG`` + ``overrides`` (e.g. :data:`QWEN3_8B`)."""
+    from qwen_v3_calculator.hf_export import write_tokenizer_files
+
+    from .assets import chat_template
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({**CONFIG, **(overrides or {})}, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
+    write_tokenizer_files(out, flavor="qwen3", chat_template=chat_template("qwen3"))
+    return out
 
 
 def build_demo_model(output: str | os.PathLike, seed: int = 0, variant: str = "demo") -> Path:

@@ -1,0 +1,294 @@
+#!/usr/bin/env python
+"""The prepared GPU check (issue #23): one unattended command that leaves one JSON and one PNG.
+
+    .venv/bin/python benchmarks/gpu_check.py                  # on one H100/H200 (or A100): about 9 minutes
+    .venv/bin/python benchmarks/gpu_check.py --cpu-smoke      # the demo architecture on this CPU: about 3 minutes
+
+The model is a Qwen3-8B-architecture config written by the demo builder (real Qwen3 tokenizer and chat template)
+served with ``--load-format dummy`` (random weights, nothing downloaded); ``--cpu-smoke`` serves the demo model's
+architecture the same way (config only, dummy weights), so every code path but the GPU's runs in the test suite.
+
+Phases (each on a fresh server, one at a time):
+
+1. **stock vs profile** — the same seeded TokenStorm workload at a fixed rate against (a) vLLM's own entry point with
+   its default flags and no extension, and (b) the launcher with the profile it detects: throughput, TTFT and TPOT
+   ratios (b)/(a). On (b) TokenStorm checks usage on every streamed chunk and every request's ledger record
+   (``--strict --ledger``).
+2. **scheduler** — capacity from a closed-loop saturation run on the profile server with FCFS, then an open loop at
+   1.2x that capacity against the token-weighted scheduler and against FCFS: mean/p99 TTFT, throughput, goodput.
+3. **KV offloading** (GPU) — a server whose GPU KV cache is held to 2,048 blocks: long distinct prompts evict the
+   first one from the GPU; re-sent, it must report cached tokens (served from the host-memory tier).
+4. **idle sleep** (GPU) — the same server with ``idle_sleep_s=5``: once asleep, a request must wake it and succeed;
+   the wake time comes from ``qwen_ext_engine_wake_seconds``.
+
+Writes ``benchmarks/results/gpu_check.json`` (``gpu_check_smoke.json`` with ``--cpu-smoke``) and a PNG of the TTFT
+CDFs next to it; exit status 1 when any check fails. The GPU figures stay "not measured" in the docs until a real run
+produces them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from qwen_vllm_ext.bench.server import ServeProcess, ServerStartError  # noqa: E402
+from qwen_vllm_ext.demo import QWEN3_8B, SERVED_NAME, write_config_only  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+# Workloads: (GPU, CPU smoke). TokenStorm arguments beyond the server, model and output directory.
+FIXED = {"gpu": ["--distribution", "long_tail", "--input-len", "1000", "--tail-max", "8000", "--output-len", "128",
+                 "--rate", "8", "--num-requests", "240", "--duration", "30"],
+         "cpu": ["--distribution", "normal", "--input-len", "100", "--output-len", "12", "--rate", "4",
+                 "--num-requests", "20", "--duration", "6"]}
+SATURATE = {"gpu": ["--distribution", "long_tail", "--input-len", "1000", "--tail-max", "8000", "--output-len", "128",
+                    "--concurrency", "256", "--num-requests", "600", "--duration", "35"],
+            "cpu": ["--distribution", "long_tail", "--input-len", "100", "--tail-max", "1500", "--output-len", "12",
+                    "--concurrency", "16", "--num-requests", "48", "--duration", "10"]}
+OVERLOAD = {"gpu": ["--distribution", "long_tail", "--input-len", "1000", "--tail-max", "8000", "--output-len", "128",
+                    "--duration", "30"],
+            "cpu": ["--distribution", "long_tail", "--input-len", "100", "--tail-max", "1500", "--output-len", "12",
+                    "--duration", "8"]}
+SEED = "11"
+
+
+class Check(list):
+    def add(self, name: str, ok: bool, seen: str) -> bool:
+        self.append({"name": name, "ok": bool(ok), "seen": seen})
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}: {seen}", flush=True)
+        return ok
+
+
+def plain_env(cpu: bool) -> dict:
+    """vLLM without the extension: its general plugin filtered out, no endpoint plugin."""
+    from importlib.metadata import entry_points
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN_VLLM_EXT_")}
+    env["VLLM_PLUGINS"] = ",".join(ep.name for ep in entry_points(group="vllm.general_plugins")
+                                   if ep.name != "qwen_vllm_ext")
+    if cpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return env
+
+
+def start(argv: list[str], log: Path, *, plain: bool = False, cpu: bool = False, label: str = "server",
+          timeout: float = 600) -> ServeProcess:
+    env = plain_env(cpu) if plain else {k: v for k, v in os.environ.items() if not k.startswith("QWEN_VLLM_EXT_")}
+    server = ServeProcess(argv, log, env=env, label=label,
+                          module="vllm.entrypoints.openai.api_server" if plain else "qwen_vllm_ext.serve")
+    t = server.wait_healthy(timeout)
+    print(f"  {label} healthy in {t:.0f}s ({server.base_url})", flush=True)
+    return server
+
+
+def storm(server: ServeProcess, out: Path, workload: list[str], *, checked: bool, ledger: Path | None = None,
+          extra: tuple[str, ...] = ()) -> dict:
+    """One TokenStorm run; ``checked``: usage on every chunk, and the ledger when given (``--strict``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "qwen_vllm_ext.bench.token_storm", "--base-url", server.base_url, "--model",
+           SERVED_NAME, "--output-dir", str(out), "--no-progress", "--no-plot", "--seed", SEED, *workload, *extra]
+    if checked:
+        cmd += ["--strict"] + (["--ledger", str(ledger)] if ledger else [])
+    else:
+        cmd += ["--no-chunk-usage-check"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode not in (0, 3):
+        raise RuntimeError(f"TokenStorm failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    rep = json.loads((out / "token_storm.json").read_text())
+    rep["exit_code"] = proc.returncode
+    return rep
+
+
+def brief(rep: dict) -> dict:
+    lat, tp = rep["latency"], rep["throughput"]
+    return {"ttft_mean_s": lat["ttft_s"]["mean"], "ttft_p99_s": lat["ttft_s"]["p99"], "tpot_mean_s": lat["tpot_s"]["mean"],
+            "request_throughput": tp["request_throughput"], "output_token_throughput": tp["output_token_throughput"],
+            "goodput": tp["goodput"], "completed": tp["completed"], "requests": tp["requests"],
+            "mismatches": len(rep["accounting"]["mismatches"]), "ttfts": [r["ttft_s"] for r in rep.get("records", [])
+                                                                         if r.get("ttft_s") is not None]}
+
+
+def ratio(a, b):
+    return (a / b) if a is not None and b else None
+
+
+def metric(server: ServeProcess, name: str) -> float | None:
+    from qwen_vllm_ext.usage.reconcile import parse_counters
+
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    return parse_counters(text, [name])[name] if name in text else None
+
+
+def chat(server: ServeProcess, content: str, max_tokens: int = 4) -> dict:
+    r = httpx.post(server.base_url + "/v1/chat/completions", timeout=600, json={
+        "model": SERVED_NAME, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
+    r.raise_for_status()
+    return r.json()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu-smoke", action="store_true", help="the demo architecture on the CPU (~3 minutes)")
+    ap.add_argument("--out", help="JSON path (default benchmarks/results/gpu_check[_smoke].json)")
+    args = ap.parse_args(argv)
+    mode = "cpu" if args.cpu_smoke else "gpu"
+    out = Path(args.out) if args.out else RESULTS / ("gpu_check_smoke.json" if args.cpu_smoke else "gpu_check.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    t0 = time.monotonic()
+    checks = Check()
+    result: dict = {"benchmark": "gpu_check", "mode": "cpu-smoke" if args.cpu_smoke else "gpu",
+                    "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "phases": {}}
+    from qwen_vllm_ext.hardware import detect_gpus
+
+    gpus = [] if args.cpu_smoke else detect_gpus()
+    result["hardware"] = [g.__dict__ if hasattr(g, "__dict__") else str(g) for g in gpus] or "cpu"
+    if not args.cpu_smoke and not gpus:
+        print("gpu_check: no GPU found (nvidia-smi); use --cpu-smoke on a CPU machine", file=sys.stderr)
+        return 2
+    model = write_config_only(work / "model", {} if args.cpu_smoke else QWEN3_8B)
+    common = ["--model", str(model), "--load-format", "dummy", "--served-model-name", SERVED_NAME]
+    plain_extra = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"] if args.cpu_smoke else []
+    print(f"gpu_check ({result['mode']}): model {model} ({'demo' if args.cpu_smoke else 'Qwen3-8B'} architecture, "
+          "dummy weights)", flush=True)
+    servers: list[ServeProcess] = []
+    try:
+        # ---- 1. stock vs profile --------------------------------------------------------------------------
+        print("phase 1: stock vLLM vs the detected profile, same workload", flush=True)
+        stock = start(common + plain_extra, work / "stock.log", plain=True, cpu=args.cpu_smoke, label="stock vLLM")
+        servers.append(stock)
+        a = storm(stock, work / "stock", FIXED[mode], checked=False)
+        stock.stop()
+        data = work / "profile-data"
+        profile = start(["--qwen-data-dir", str(data), *common], work / "profile.log", label="profile server")
+        servers.append(profile)
+        health = httpx.get(profile.base_url + "/qwen_ext/health", timeout=30).json()
+        tw_default = bool(health["settings"].get("token_weighted_scheduler"))
+        b = storm(profile, work / "profile", FIXED[mode], checked=True, ledger=data / "ledger.sqlite3")
+        sa, sb = brief(a), brief(b)
+        result["phases"]["stock_vs_profile"] = {
+            "stock": sa, "profile": sb, "profile_scheduler": "token-weighted" if tw_default else "fcfs",
+            "ratios": {"ttft_mean": ratio(sb["ttft_mean_s"], sa["ttft_mean_s"]),
+                       "tpot_mean": ratio(sb["tpot_mean_s"], sa["tpot_mean_s"]),
+                       "output_token_throughput": ratio(sb["output_token_throughput"], sa["output_token_throughput"])}}
+        checks.add("stock run completed", sa["completed"] == sa["requests"], f"{sa['completed']}/{sa['requests']}")
+        checks.add("profile run: usage on every chunk and every ledger record match",
+                   b["exit_code"] == 0 and sb["mismatches"] == 0 and b["accounting"]["ledger_checked"],
+                   f"{sb['completed']}/{sb['requests']} completed, {sb['mismatches']} mismatches")
+        # ---- 2. scheduler at 1.2x capacity ----------------------------------------------------------------
+        print("phase 2: token-weighted scheduler vs FCFS at 1.2x capacity", flush=True)
+        if tw_default:  # the capacity and the FCFS side need an FCFS server
+            profile.stop()
+            fcfs = start(["--qwen-data-dir", str(work / "fcfs-data"), "--qwen-token-weighted-scheduler", "false",
+                          *common], work / "fcfs.log", label="FCFS server")
+            servers.append(fcfs)
+        else:
+            fcfs = profile
+        cap = storm(fcfs, work / "capacity", SATURATE[mode], checked=False)
+        capacity = cap["throughput"]["request_throughput"]
+        rate = f"{1.2 * capacity:.3f}"
+        n = str(max(int(1.2 * capacity * float(OVERLOAD[mode][-1])), 10))
+        over = [*OVERLOAD[mode], "--rate", rate, "--num-requests", n]
+        f = storm(fcfs, work / "fcfs", over, checked=False)
+        fcfs.stop()
+        tw = start(["--qwen-data-dir", str(work / "tw-data"), "--qwen-token-weighted-scheduler", "true", *common],
+                   work / "tw.log", label="token-weighted server")
+        servers.append(tw)
+        t = storm(tw, work / "tw", over, checked=False)
+        sched = httpx.get(tw.base_url + "/qwen_ext/health", timeout=30).json().get("scheduler") or []
+        tw.stop()
+        sf, st = brief(f), brief(t)
+        result["phases"]["scheduler"] = {
+            "capacity_req_s": capacity, "rate_req_s": float(rate), "fcfs": sf, "token_weighted": st,
+            "engine_scheduler": sched[0].get("scheduler") if sched else None,
+            "ratios": {"ttft_mean": ratio(st["ttft_mean_s"], sf["ttft_mean_s"]),
+                       "ttft_p99": ratio(st["ttft_p99_s"], sf["ttft_p99_s"]),
+                       "output_token_throughput": ratio(st["output_token_throughput"], sf["output_token_throughput"]),
+                       "goodput": ratio(st["goodput"], sf["goodput"])}}
+        expected = "TokenWeightedScheduler" if args.cpu_smoke else "TokenWeightedAsyncScheduler"
+        checks.add("the token-weighted class runs in the engine core", bool(sched) and
+                   sched[0].get("scheduler") == expected, f"{sched[0].get('scheduler') if sched else None}")
+        # ---- 3-4. offloading and idle sleep (GPU only) ---------------------------------------------------
+        if args.cpu_smoke:
+            result["phases"]["kv_offloading"] = result["phases"]["idle_sleep"] = "skipped: needs a GPU"
+        else:
+            print("phase 3-4: KV offloading after eviction, idle sleep and wake", flush=True)
+            off = start(["--qwen-data-dir", str(work / "off-data"), "--qwen-idle-sleep-s", "5",
+                         "--num-gpu-blocks-override", "2048", *common], work / "offload.log", label="offload server")
+            servers.append(off)
+            first = "offload probe " + " ".join(f"w{i}" for i in range(6000))
+            chat(off, first)
+            for k in range(4):  # ~4 x 9k tokens through a 32k-token GPU cache: the first prompt is evicted
+                chat(off, f"filler {k} " + " ".join(f"f{k}x{i}" for i in range(9000)))
+            again = chat(off, first)
+            cached = (again.get("usage", {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            result["phases"]["kv_offloading"] = {"cached_tokens_after_eviction": cached,
+                                                 "prompt_tokens": again["usage"]["prompt_tokens"]}
+            checks.add("KV offloading: cache hits after eviction", cached > 0, f"{cached} cached tokens")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not metric(off, "qwen_ext_engine_asleep"):
+                time.sleep(1)
+            asleep = bool(metric(off, "qwen_ext_engine_asleep"))
+            t_wake = time.monotonic()
+            woke = chat(off, "wake up", max_tokens=2)
+            result["phases"]["idle_sleep"] = {
+                "fell_asleep": asleep, "request_after_sleep_s": time.monotonic() - t_wake,
+                "wakes": metric(off, "qwen_ext_engine_wakes_total"),
+                "wake_seconds_sum": metric(off, "qwen_ext_engine_wake_seconds_sum")}
+            checks.add("idle sleep and wake with a request waiting", asleep and bool(woke.get("choices")),
+                       f"asleep {asleep}, request answered in {result['phases']['idle_sleep']['request_after_sleep_s']:.1f}s")
+            off.stop()
+    except (ServerStartError, RuntimeError, httpx.HTTPError) as exc:
+        checks.add("the check ran to the end", False, f"{type(exc).__name__}: {str(exc)[:1500]}")
+    finally:
+        for s in servers:
+            s.stop()
+    result["checks"] = list(checks)
+    result["elapsed_s"] = time.monotonic() - t0
+    result["pass"] = all(c["ok"] for c in checks)
+    result["logs"] = str(work)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    plot(result, out.with_suffix(".png"))
+    print(f"gpu_check: {'PASS' if result['pass'] else 'FAIL'} in {result['elapsed_s']:.0f}s; wrote {out} and "
+          f"{out.with_suffix('.png')}", flush=True)
+    return 0 if result["pass"] else 1
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    pairs = [("stock_vs_profile", ("stock", "profile"), "stock vLLM vs the profile"),
+             ("scheduler", ("fcfs", "token_weighted"), "FCFS vs token-weighted at 1.2x capacity")]
+    for ax, (phase, names, title) in zip(axes, pairs):
+        data = result["phases"].get(phase)
+        if isinstance(data, dict):
+            for name in names:
+                xs = sorted(data[name]["ttfts"])
+                if xs:
+                    ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=name)
+            ax.legend()
+        ax.set_title(title)
+        ax.set_xlabel("TTFT (s)")
+        ax.set_ylabel("fraction of requests")
+    fig.suptitle(f"gpu_check ({result['mode']}): {'PASS' if result.get('pass') else 'FAIL'}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
