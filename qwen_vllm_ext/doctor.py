@@ -102,7 +102,7 @@ class Doctor:
     def run(self) -> list[Check]:
         # the scheduler is checked after the probes: an engine core publishes its status once it has scheduled
         steps: list[Callable[[], bool | None]] = [self.check_reachable, self.check_plugin, self.check_versions,
-                                                 self.check_prefix_caching, self.check_probe, self.check_reuse,
+                                                 self.check_prefix_caching, self.check_hardware, self.check_probe, self.check_reuse,
                                                  self.check_scheduler, self.check_gateway, self.check_admin,
                                                  self.check_ledger]
         for step in steps:
@@ -196,6 +196,36 @@ class Doctor:
         else:
             self.add("prefix caching", "FAIL", "enable_prefix_caching=False: no cached tokens, no KV reuse across turns",
                      "drop --no-enable-prefix-caching (the profiles turn it on)")
+
+    def check_hardware(self) -> None:
+        """The launcher's profile against the GPUs it saw (health route ``launch``), and the field report's traps
+        visible from outside (the KV-cache dtype on ``vllm:cache_config_info``)."""
+        launch = self.health.get("launch")
+        info = next((line for line in self.metrics_text.splitlines() if line.startswith("vllm:cache_config_info{")), "")
+        if 'cache_dtype="' in info and 'cache_dtype="auto"' not in info:
+            dtype = info.split('cache_dtype="', 1)[1].split('"', 1)[0]
+            self.add("kv-cache dtype", "WARN", f"cache_dtype={dtype}", "the field report's fp16 override only adds a "
+                     "conversion for bf16 checkpoints; drop --kv-cache-dtype unless memory needs fp8")
+        if not launch:
+            self.add("profile vs hardware", "WARN", "not started by the launcher: no tuned profile, hardware unseen",
+                     "start with `python -m qwen_vllm_ext.serve` (it picks the profile for the GPU)")
+            return
+        gpus, profile = launch.get("gpus") or [], launch.get("profile")
+        where = ", ".join(f"{g['name']} ({g['memory_gib']:.0f} GiB{', MIG' if g['mig_enabled'] else ''})"
+                          for g in gpus) or "no GPU"
+        seen = f"profile {profile} on {where}"
+        if launch.get("device") == "cpu" and gpus:
+            self.add("profile vs hardware", "FAIL", seen, "a GPU is there: drop --profile cpu (or pass the GPU's)")
+        elif launch.get("device") != "cpu" and not gpus:
+            self.add("profile vs hardware", "FAIL", seen, "a GPU profile without a visible GPU: check the device plugin")
+        elif any(g["memory_gib"] < launch.get("min_gpu_memory_gib", 0) for g in gpus):
+            self.add("profile vs hardware", "FAIL", seen + f"; the profile needs {launch['min_gpu_memory_gib']} GiB",
+                     "pick the profile of this GPU (`python -m qwen_vllm_ext.serve --list-profiles`)")
+        elif any(g["mig_enabled"] for g in gpus):
+            self.add("profile vs hardware", "WARN", seen, "MIG is on: a slice has a fraction of the memory the "
+                     "profile is sized for; lower --gpu-memory-utilization/--max-num-seqs or disable MIG")
+        else:
+            self.add("profile vs hardware", "PASS", seen)
 
     def check_probe(self) -> None:
         messages = [{"role": "user", "content": "qwen-vllm-ext doctor probe: "

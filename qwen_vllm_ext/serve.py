@@ -122,6 +122,7 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
                                 base=profile.extension)
     env_updates = {k: v for k, v in profile.env.items() if k not in environ}
     env_updates["VLLM_PLUGINS"] = plugin_allowlist(environ.get("VLLM_PLUGINS"))
+    env_updates[status.LAUNCH_ENV] = launch_record(profile, gpus)  # the health route reports it
     if export:
         os.environ.update(env_updates)
         settings.export()
@@ -169,6 +170,13 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
         raise LaunchError("--api-key and the gateway both authenticate: vLLM's check runs first and would reject "
                           "gateway keys. Use gateway keys (`python -m qwen_vllm_ext.keys create`) or drop the gateway")
     return args, final, env_updates, profile, settings
+
+
+def launch_record(profile, gpus) -> str:
+    return json.dumps({"profile": profile.name, "device": profile.device,
+                       "min_gpu_memory_gib": profile.min_gpu_memory_gib,
+                       "gpus": [{"name": g.name, "memory_gib": round(g.memory_gib, 1), "mig_enabled": g.mig_enabled}
+                                for g in gpus]})
 
 
 def cpu_dp_binding(profile, args, environ) -> str | None:

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 INSTANCE_ENV = "QWEN_VLLM_EXT_INSTANCE_DIR"
+LAUNCH_ENV = "QWEN_VLLM_EXT_LAUNCH"
+"""What the launcher chose and saw (JSON: profile, detected GPUs), inherited by every vLLM process."""
 
 
 def instance_dir(create: bool = True) -> Path | None:

@@ -204,4 +204,17 @@ def health_report() -> dict:
         "kv_reuse": kv_status(),
         "processes": processes,
         "settings": Settings.current().public(),
+        "launch": _launch(),
     }
+
+
+def _launch() -> dict | None:
+    """The launcher's profile and the GPUs it detected (None: not started by ``python -m qwen_vllm_ext.serve``)."""
+    import json
+    import os
+
+    raw = os.environ.get(status.LAUNCH_ENV)
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None

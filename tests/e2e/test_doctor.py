@@ -47,11 +47,13 @@ def test_a_well_configured_server_passes_every_check(tmp_path_factory):
     finally:
         server.stop()
     assert code == 0 and not_passing(checks) == [], not_passing(checks)
-    for wanted in ("server", "plugin", "vllm version", "runtime patches", "scheduler", "prefix caching",
+    for wanted in ("server", "plugin", "vllm version", "runtime patches", "profile vs hardware", "scheduler",
+                   "prefix caching",
                    "usage on every chunk", "cached tokens", "token count", "kv reuse", "gateway: bad key",
                    "gateway: limits", "gateway: body checks", "gateway: admin routes", "ledger"):
         assert wanted in checks, wanted
     assert "TokenWeighted" in checks["scheduler"]["seen"] and "drift 0" in checks["ledger"]["seen"]
+    assert checks["profile vs hardware"]["seen"] == "profile cpu on no GPU"  # the launcher's record
     assert text.splitlines()[-1].endswith("0 FAIL, 0 WARN") and text.startswith("PASS")
 
 
