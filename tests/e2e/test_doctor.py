@@ -1,7 +1,7 @@
 """E2E: `python -m qwen_vllm_ext.doctor` against live demo servers: every check passes on a well-configured one
 (gateway, ledger, token-weighted scheduler, KV-reuse template), and each misconfiguration gets the right FAIL or WARN
-with its fix — gateway off, prefix caching off, the reuse template off, the endpoint plugin not loaded (plain vLLM
-without qwen_vllm_ext in VLLM_PLUGINS)."""
+with its fix — gateway off, prefix caching off and the reuse template off (one server), the endpoint plugin not loaded
+(plain vLLM without qwen_vllm_ext in VLLM_PLUGINS)."""
 from __future__ import annotations
 
 import json
@@ -74,18 +74,19 @@ def doctor_on_launcher(tmp_path_factory, name: str, argv: list[str]) -> tuple[in
         server.stop()
 
 
-def test_prefix_caching_off_fails_with_the_fix(tmp_path_factory):
-    code, checks = doctor_on_launcher(tmp_path_factory, "nopc", ["--no-enable-prefix-caching"])
+def test_prefix_caching_and_the_reuse_template_off_each_get_their_finding_and_fix(tmp_path_factory):
+    """Two misconfigurations on one server (one start instead of two): each check names its own."""
+    code, checks = doctor_on_launcher(tmp_path_factory, "misconfigured",
+                                      ["--no-enable-prefix-caching", "--qwen-kv-reuse-template", "false"])
     st = statuses(checks)
     assert code == 1 and st["prefix caching"] == "FAIL" and st["cached tokens"] == "FAIL", checks
     assert "enable-prefix-caching" in checks["prefix caching"]["fix"]
-
-
-def test_the_reuse_template_off_is_flagged_with_the_fix(tmp_path_factory):
-    _, checks = doctor_on_launcher(tmp_path_factory, "stock", ["--qwen-kv-reuse-template", "false"])
+    assert "enable-prefix-caching" in checks["cached tokens"]["fix"]
     kv = checks["kv reuse"]
     assert kv["status"] in ("WARN", "FAIL") and "kv_reuse_template=true" in kv["fix"], kv
-    assert "template" in kv["seen"]
+    assert "template model default" in kv["seen"] or "template qwen3" in kv["seen"], kv
+    # what is not misconfigured still passes
+    assert st["usage on every chunk"] == st["token count"] == st["ledger"] == "PASS", checks
 
 
 class PlainVllm(ServeProcess):

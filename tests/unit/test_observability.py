@@ -64,7 +64,7 @@ def test_every_qwen_ext_name_in_the_code_is_catalogued_and_every_catalogued_one_
     code = _sources(ROOT / "qwen_vllm_ext")
     named = {n for n in re.findall(r"[\"'](qwen_ext_[a-z0-9_]+)[\"']", code)}
     families = {m.name for m in catalog.METRICS if m.ours}
-    assert named - families == set(), "names in the code the catalog does not know"
+    assert named - families - set(catalog.by_series()) == set(), "names in the code the catalog does not know"
     catalog_src = (ROOT / "qwen_vllm_ext" / "observability" / "catalog.py").read_text()
     outside = code.replace(catalog_src, "")
     unused = {f for f in families if f'"{f}"' not in outside}
