@@ -81,18 +81,19 @@ class Doctor:
                     out["text"] += (choice.get("delta") or {}).get("content") or ""
         return out
 
-    def metric_sum(self, name: str, **labels: str) -> float | None:
-        from .usage.reconcile import _SAMPLE
+    def metric_sum(self, name: str) -> float | None:
+        """Sum of a metric's samples on the last /metrics (None when it has no sample there)."""
+        from .usage.reconcile import parse_counters
 
-        total, found = 0.0, False
-        for line in self.metrics_text.splitlines():
-            m = _SAMPLE.match(line.strip()) if line and not line.startswith("#") else None
-            if not m or m.group(1) != name:
-                continue
-            if any(f'{k}="{v}"' not in (m.group(2) or "") for k, v in labels.items()):
-                continue
-            total, found = total + float(m.group(3)), True
-        return total if found else None
+        sampled = any(line.startswith((name + "{", name + " ")) for line in self.metrics_text.splitlines())
+        return parse_counters(self.metrics_text, [name])[name] if sampled else None
+
+    def cache_config(self) -> dict[str, str] | None:
+        """The labels of ``vllm:cache_config_info`` on the last /metrics (None when absent)."""
+        import re
+
+        line = next((x for x in self.metrics_text.splitlines() if x.startswith("vllm:cache_config_info{")), None)
+        return None if line is None else dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line))
 
     def refresh_metrics(self) -> None:
         r = self.http.get("/metrics")
@@ -186,12 +187,11 @@ class Doctor:
 
     def check_prefix_caching(self) -> None:
         self.refresh_metrics()
-        info = [line for line in self.metrics_text.splitlines() if line.startswith("vllm:cache_config_info{")]
-        if not info:
+        info = self.cache_config()
+        if info is None:
             self.add("prefix caching", "WARN", "vllm:cache_config_info not on /metrics", "check --disable-log-stats")
             return
-        on = 'enable_prefix_caching="True"' in info[0]
-        if on:
+        if info.get("enable_prefix_caching") == "True":
             self.add("prefix caching", "PASS", "enable_prefix_caching=True (vllm:cache_config_info)")
         else:
             self.add("prefix caching", "FAIL", "enable_prefix_caching=False: no cached tokens, no KV reuse across turns",
@@ -201,9 +201,8 @@ class Doctor:
         """The launcher's profile against the GPUs it saw (health route ``launch``), and the field report's traps
         visible from outside (the KV-cache dtype on ``vllm:cache_config_info``)."""
         launch = self.health.get("launch")
-        info = next((line for line in self.metrics_text.splitlines() if line.startswith("vllm:cache_config_info{")), "")
-        if 'cache_dtype="' in info and 'cache_dtype="auto"' not in info:
-            dtype = info.split('cache_dtype="', 1)[1].split('"', 1)[0]
+        dtype = (self.cache_config() or {}).get("cache_dtype", "auto")
+        if dtype != "auto":
             self.add("kv-cache dtype", "WARN", f"cache_dtype={dtype}", "the field report's fp16 override only adds a "
                      "conversion for bf16 checkpoints; drop --kv-cache-dtype unless memory needs fp8")
         if not launch:
@@ -263,7 +262,7 @@ class Doctor:
 
     def check_reuse(self) -> None:
         kv = self.health.get("kv_reuse") or {}
-        block = self._block_size()
+        block = int((self.cache_config() or {}).get("block_size") or BLOCK_FALLBACK)
         session = {"x-session-id": f"{PROBE_PREFIX}{uuid.uuid4().hex[:8]}"}
         messages = [{"role": "user", "content": "Turn one of a doctor probe conversation. "
                      + " ".join(f"alpha{i}" for i in range(150))}]
@@ -297,15 +296,6 @@ class Doctor:
             self.add("kv reuse", "WARN", seen + "; the qwen3-reuse template is off", fix_template)
         else:
             self.add("kv reuse", "PASS", seen)
-
-    def _block_size(self) -> int:
-        for line in self.metrics_text.splitlines():
-            if line.startswith("vllm:cache_config_info{"):
-                for part in line.split("{", 1)[1].split(","):
-                    key, _, value = part.partition("=")
-                    if key.strip() == "block_size":
-                        return int(value.strip().strip('"').strip("}").strip('"'))
-        return BLOCK_FALLBACK
 
     def check_gateway(self) -> None:
         if not self.settings().get("gateway"):

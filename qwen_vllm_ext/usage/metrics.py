@@ -10,6 +10,7 @@ own token counters that is the exact ledger drift, continuously (``usage reconci
 """
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
@@ -28,6 +29,7 @@ vLLM serves /metrics on the event loop)."""
 _top_tokens = WindowedTopK(catalog.TOP_KEYS, catalog.TOP_WINDOW_S)
 
 
+@functools.lru_cache(maxsize=1)
 def metrics():
     return {
         "billed": catalog.counter("qwen_ext_billed_units"),
