@@ -48,17 +48,19 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # Workloads: (GPU, CPU smoke). TokenStorm arguments beyond the server, model and output directory.
 FIXED = {"gpu": ["--distribution", "long_tail", "--input-len", "1000", "--tail-max", "8000", "--output-len", "128",
-                 "--rate", "8", "--num-requests", "240", "--duration", "30"],
+                 "--rate", "8", "--num-requests", "240", "--duration", "60"],
          "cpu": ["--distribution", "normal", "--input-len", "100", "--output-len", "12", "--rate", "4",
-                 "--num-requests", "20", "--duration", "6"]}
+                 "--num-requests", "20", "--duration", "12"]}
 SATURATE = {"gpu": ["--distribution", "long_tail", "--input-len", "1000", "--tail-max", "8000", "--output-len", "128",
                     "--concurrency", "256", "--num-requests", "600", "--duration", "35"],
             "cpu": ["--distribution", "long_tail", "--input-len", "100", "--tail-max", "1500", "--output-len", "12",
                     "--concurrency", "16", "--num-requests", "48", "--duration", "10"]}
-OVERLOAD = {"gpu": ["--distribution", "long_tail", "--input-len", "1000", "--tail-max", "8000", "--output-len", "128",
-                    "--duration", "30"],
-            "cpu": ["--distribution", "long_tail", "--input-len", "100", "--tail-max", "1500", "--output-len", "12",
-                    "--duration", "8"]}
+OVERLOAD = {"gpu": ["--distribution", "long_tail", "--input-len", "1000", "--tail-max", "8000", "--output-len", "128"],
+            "cpu": ["--distribution", "long_tail", "--input-len", "100", "--tail-max", "1500", "--output-len", "12"]}
+# Seconds of arrivals in the overload phase. The run is bounded by the request count (``--duration`` is twice the
+# span): a wall-clock cut-off would drop a different number of the last arrivals on each side when the client lags,
+# and the two sides must replay the same requests. FIXED is bounded the same way (requests / rate < duration / 2).
+OVERLOAD_SPAN_S = {"gpu": 30.0, "cpu": 8.0}
 SEED = "11"
 
 
@@ -197,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         cap = storm(fcfs, work / "capacity", SATURATE[mode], checked=False)
         capacity = cap["throughput"]["request_throughput"]
         rate = f"{1.2 * capacity:.3f}"
-        n = str(max(int(1.2 * capacity * float(OVERLOAD[mode][-1])), 10))
-        over = [*OVERLOAD[mode], "--rate", rate, "--num-requests", n]
+        span = OVERLOAD_SPAN_S[mode]
+        n = str(max(int(1.2 * capacity * span), 10))
+        over = [*OVERLOAD[mode], "--rate", rate, "--num-requests", n, "--duration", str(2 * span)]
         f = storm(fcfs, work / "fcfs", over, checked=False)
         fcfs.stop()
         tw = start(["--qwen-data-dir", str(work / "tw-data"), "--qwen-token-weighted-scheduler", "true", *common],
