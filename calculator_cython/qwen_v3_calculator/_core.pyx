@@ -15,6 +15,12 @@ cdef extern from "Python.h":
     object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
     bint PyUnicode_Check(object o)
 
+cdef extern from *:
+    """
+    #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    """
+    void QV3_PREFETCH(const void* p) noexcept nogil
+
 DEF MAXCP = 0x110000
 DEF F_L = 1
 DEF F_N = 2
@@ -22,10 +28,16 @@ DEF F_M = 4
 DEF F_WS = 8
 DEF F_UNSAFE = 16      # not NFC_QC=Yes, or ccc != 0
 DEF F_CRLF = 32
+DEF PAIR_ID_BITS = 20  # merge table: one uint64 per merge, left id | right id | rank (see Engine._pinsert)
+DEF PAIR_RANK_BITS = 24
+DEF NO_RANK = 0xFFFFFF # PAIR_RANK_BITS ones: an empty slot's rank, and "no merge" out of _prank
+DEF PCACHE_BITS = 12   # per-engine direct-mapped cache of merge-table lookups (32 KiB, hits and misses)
+DEF VT_ID = 0xFFFFF    # vocabulary table entry: token id (low 20 bits) | 12-bit hash tag; all ones = empty
 DEF SHORT_BPE = 32     # pieces of up to this many initial symbols use the array merge loop, longer ones a heap
 DEF CACHE_BITS = 15    # piece cache: 2**15 sets of 2 ways, 64-byte entries (4 MiB, zero pages lazily)
 DEF CACHE_KEY = 24     # pieces of 2..24 bytes are cached (key = three zero-padded little-endian words)
 DEF CACHE_IDS = 9
+DEF PIPE = 16          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
 DEF SBASE = 0xAC00
 DEF LBASE = 0x1100
 DEF VBASE = 0x1161
@@ -198,11 +210,6 @@ cdef inline bint _needs_nfc(const uint8_t* s, Py_ssize_t n) noexcept nogil:
 
 
 # ---------------------------------------------------------------- C data structures of the engine
-ctypedef struct PairEnt:
-    uint64_t key          # left << 32 | right; UINT64_MAX = empty
-    int32_t rank
-    int32_t new_id
-
 ctypedef struct CacheEnt:
     uint64_t w[3]         # the piece's bytes, zero-padded little-endian words
     int32_t ids[CACHE_IDS]
@@ -344,6 +351,10 @@ cdef inline uint64_t _hpair(uint64_t key) noexcept nogil:
     return key ^ (key >> 29)
 
 
+cdef inline uint64_t _pairkey(int32_t a, int32_t b) noexcept nogil:
+    return ((<uint64_t> <uint32_t> a) << PAIR_ID_BITS) | <uint32_t> b
+
+
 cdef class Engine:
     """C core: vocabulary, merge table, added-token matcher, NFC, split scanner and BPE."""
     cdef int32_t ntok
@@ -351,10 +362,13 @@ cdef class Engine:
     cdef int64_t* tok_off
     cdef int32_t* tok_len
     cdef uint8_t* selfok          # BPE of the token's own bytes gives the token (whole-piece shortcut)
-    cdef int32_t* vtab            # open addressing: bytes -> id (-1 empty)
+    cdef uint32_t* vtab           # open addressing: bytes -> tag << 20 | id (VT_ID: see _vlookup_h)
     cdef uint64_t vmask
-    cdef PairEnt* ptab
+    cdef uint64_t* ptab           # merges: open addressing, (left << 20 | right) << 24 | rank; all ones = empty
     cdef uint64_t pmask
+    cdef int32_t* mnew            # the token a merge of rank r makes (== r for tiktoken vocabularies)
+    cdef int32_t nrank
+    cdef uint64_t* pcache         # this engine's recent _prank answers, ptab's format (NO_RANK: no merge)
     cdef int32_t byte_id[256]
     cdef int32_t maxtok           # longest token (bytes)
     cdef CacheEnt* cache          # 64-byte aligned inside cache_raw
@@ -386,6 +400,10 @@ cdef class Engine:
     cdef Py_ssize_t ucap
     cdef uint8_t* nbuf
     cdef Py_ssize_t ncap
+    cdef const uint8_t* pq_p[PIPE]  # the piece pipeline (_queue/_flush): start, length, cache hash
+    cdef int32_t pq_n[PIPE]
+    cdef uint64_t pq_h[PIPE]
+    cdef int npq
     cdef int32_t* hsym            # scratch of the heap merge loop (4 * hcap int32 + 3 * hcap uint64)
     cdef uint64_t* hheap
     cdef Py_ssize_t hcap
@@ -398,6 +416,9 @@ cdef class Engine:
         self.selfok = NULL
         self.vtab = NULL
         self.ptab = NULL
+        self.mnew = NULL
+        self.nrank = 0
+        self.pcache = NULL
         self.cache = NULL
         self.cache_raw = NULL
         self.cbmp = NULL
@@ -423,6 +444,7 @@ cdef class Engine:
         self.hsym = NULL
         self.hheap = NULL
         self.hcap = 0
+        self.npq = 0
         self.rule = 0
         self.nfc = True
         self.owns = True
@@ -432,14 +454,16 @@ cdef class Engine:
     def __dealloc__(self):
         if self.owns:
             free(self.arena); free(self.tok_off); free(self.tok_len); free(self.selfok); free(self.vtab)
-            free(self.ptab); free(self.cbmp); free(self.csupp_cp); free(self.csupp)
+            free(self.ptab); free(self.mnew); free(self.cbmp); free(self.csupp_cp); free(self.csupp)
             free(self.risk_hdr); free(self.risk_ent)
-        free(self.cache_raw); free(self.add_arena); free(self.add_off); free(self.add_len)
+        free(self.cache_raw); free(self.pcache); free(self.add_arena); free(self.add_off); free(self.add_len)
         free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf)
         free(self.hsym); free(self.hheap)
 
     # ------------------------------------------------------------ construction
     cdef int _alloc_vocab(self, Py_ssize_t ntok, Py_ssize_t nbytes) except -1:
+        if ntok >= VT_ID:
+            raise ValueError(f"vocabulary too large ({ntok} tokens; at most {VT_ID - 1})")
         self.ntok = ntok
         self.arena = <uint8_t*> malloc(max(nbytes, 1))
         self.tok_off = <int64_t*> malloc((ntok + 1) * sizeof(int64_t))
@@ -449,12 +473,12 @@ cdef class Engine:
         while cap < <uint64_t> ntok * 2:
             cap <<= 1
         self.vmask = cap - 1
-        self.vtab = <int32_t*> malloc(cap * sizeof(int32_t))
+        self.vtab = <uint32_t*> malloc(cap * sizeof(uint32_t))
         if (self.arena == NULL or self.tok_off == NULL or self.tok_len == NULL or self.selfok == NULL
                 or self.vtab == NULL):
             raise MemoryError()
         self._alloc_cache()
-        memset(self.vtab, 0xFF, cap * sizeof(int32_t))
+        memset(self.vtab, 0xFF, cap * sizeof(uint32_t))
         return 0
 
     cdef int _alloc_cache(self) except -1:
@@ -463,37 +487,48 @@ cdef class Engine:
         if self.cache_raw == NULL:
             raise MemoryError()
         self.cache = <CacheEnt*> ((<size_t> self.cache_raw + 63) & ~(<size_t> 63))
+        self.pcache = <uint64_t*> malloc((1 << PCACHE_BITS) * sizeof(uint64_t))
+        if self.pcache == NULL:
+            raise MemoryError()
+        memset(self.pcache, 0xFF, (1 << PCACHE_BITS) * sizeof(uint64_t))
         return 0
 
     cdef inline int32_t _vlookup(self, const uint8_t* p, Py_ssize_t n) noexcept nogil:
         return self._vlookup_h(p, n, _hkey(p, n))
 
     cdef inline int32_t _vlookup_h(self, const uint8_t* p, Py_ssize_t n, uint64_t h) noexcept nogil:
+        """Token id of the bytes p[0:n] (hash h), or -1. Slots hold the id with 12 bits of the hash as a tag:
+        a piece that is no token (most pieces BPE sees) costs one table read, not the token's length and
+        bytes too."""
         cdef uint64_t slot = h & self.vmask
+        cdef uint32_t e, tag = (<uint32_t> (h >> 52)) << 20
         cdef int32_t t
         while True:
-            t = self.vtab[slot]
-            if t < 0:
+            e = self.vtab[slot]
+            if e == 0xFFFFFFFFu:
                 return -1
-            if self.tok_len[t] == n and memcmp(self.arena + self.tok_off[t], p, n) == 0:
-                return t
+            if (e & ~(<uint32_t> VT_ID)) == tag:
+                t = <int32_t> (e & VT_ID)
+                if self.tok_len[t] == n and memcmp(self.arena + self.tok_off[t], p, n) == 0:
+                    return t
             slot = (slot + 1) & self.vmask
 
     cdef int _vinsert_all(self) except -1:
         cdef int32_t t
         cdef uint8_t bb
-        cdef uint64_t slot
+        cdef uint64_t slot, h
         for t in range(self.ntok):
             if self.tok_len[t] < 0:
                 continue
             if self._vlookup(self.arena + self.tok_off[t], self.tok_len[t]) >= 0:
                 raise ValueError(f"duplicate token bytes for id {t}")
-            slot = _hkey(self.arena + self.tok_off[t], self.tok_len[t]) & self.vmask
+            h = _hkey(self.arena + self.tok_off[t], self.tok_len[t])
+            slot = h & self.vmask
             if self.tok_len[t] > self.maxtok:
                 self.maxtok = self.tok_len[t]
-            while self.vtab[slot] >= 0:
+            while self.vtab[slot] != 0xFFFFFFFFu:
                 slot = (slot + 1) & self.vmask
-            self.vtab[slot] = t
+            self.vtab[slot] = ((<uint32_t> (h >> 52)) << 20) | <uint32_t> t
         for t in range(256):
             bb = <uint8_t> t
             self.byte_id[t] = self._vlookup(&bb, 1)
@@ -501,39 +536,58 @@ cdef class Engine:
                 raise ValueError(f"vocabulary lacks the single byte 0x{t:02X} (not a byte-level BPE vocabulary)")
         return 0
 
-    cdef int _alloc_pairs(self, Py_ssize_t nmerges) except -1:
+    cdef int _alloc_pairs(self, Py_ssize_t nmerges, Py_ssize_t nrank) except -1:
+        """The merge table for nmerges merges of ranks < nrank. One 8-byte word per merge at a load factor
+        <= 2/3: the table is probed for every pair of neighbouring symbols in every piece BPE sees, and at
+        8 bytes it is a quarter of what (key, rank, id) records took -- 2 MiB for Qwen's 151k merges, which
+        stays in a core's L2 cache far more often than 8 MiB did."""
         cdef uint64_t cap = 1024, i
-        while cap < <uint64_t> nmerges * 2:
+        if self.ntok >= (1 << PAIR_ID_BITS) - 1 or nrank >= NO_RANK:
+            raise ValueError(f"vocabulary too large for the merge table ({self.ntok} tokens, {nrank} ranks)")
+        while cap * 2 < <uint64_t> nmerges * 3:
             cap <<= 1
         self.pmask = cap - 1
-        self.ptab = <PairEnt*> malloc(cap * sizeof(PairEnt))
-        if self.ptab == NULL:
+        self.ptab = <uint64_t*> malloc(cap * sizeof(uint64_t))
+        self.mnew = <int32_t*> malloc(max(nrank, 1) * sizeof(int32_t))
+        if self.ptab == NULL or self.mnew == NULL:
             raise MemoryError()
+        self.nrank = <int32_t> nrank
         for i in range(cap):
-            self.ptab[i].key = UINT64_MAX
+            self.ptab[i] = UINT64_MAX
+        for i in range(nrank):
+            self.mnew[i] = -1
         return 0
 
     cdef inline void _pinsert(self, int32_t a, int32_t b, int32_t rank, int32_t new_id) noexcept nogil:
-        cdef uint64_t key = (<uint64_t> <uint32_t> a << 32) | <uint32_t> b
+        """Record merge (a, b) -> new_id of priority rank (0 <= a, b < ntok, rank < nrank; a pair listed
+        again takes its later rank, as HF ``tokenizers`` builds its merge map)."""
+        cdef uint64_t key = _pairkey(a, b)
         cdef uint64_t slot = _hpair(key) & self.pmask
-        while self.ptab[slot].key != UINT64_MAX and self.ptab[slot].key != key:
+        while self.ptab[slot] != UINT64_MAX and (self.ptab[slot] >> PAIR_RANK_BITS) != key:
             slot = (slot + 1) & self.pmask
-        self.ptab[slot].key = key
-        self.ptab[slot].rank = rank
-        self.ptab[slot].new_id = new_id
+        self.ptab[slot] = (key << PAIR_RANK_BITS) | <uint32_t> rank
+        self.mnew[rank] = new_id
+        self.pcache[(_hpair(key) >> 40) & ((1 << PCACHE_BITS) - 1)] = UINT64_MAX
 
-    cdef inline int32_t _prank(self, int32_t a, int32_t b, int32_t* new_id) noexcept nogil:
-        cdef uint64_t key = (<uint64_t> <uint32_t> a << 32) | <uint32_t> b
-        cdef uint64_t slot = _hpair(key) & self.pmask
-        cdef uint64_t k
-        while True:
-            k = self.ptab[slot].key
-            if k == key:
-                new_id[0] = self.ptab[slot].new_id
-                return self.ptab[slot].rank
-            if k == UINT64_MAX:
-                return INT32_MAX
-            slot = (slot + 1) & self.pmask
+    cdef inline int32_t _prank(self, int32_t a, int32_t b) noexcept nogil:
+        """Rank of the merge (a, b), or INT32_MAX; the token it makes is mnew[rank]. The answer comes from the
+        engine's small pair cache when it holds (a, b) (neighbouring symbols repeat: the same characters and
+        sub-words meet again and again), else from the merge table, and is remembered either way."""
+        cdef uint64_t key = _pairkey(a, b)
+        cdef uint64_t hh = _hpair(key)
+        cdef uint64_t* pc = &self.pcache[(hh >> 40) & ((1 << PCACHE_BITS) - 1)]
+        cdef uint64_t slot, e
+        cdef uint32_t r
+        if (pc[0] >> PAIR_RANK_BITS) != key:
+            slot = hh & self.pmask
+            while True:
+                e = self.ptab[slot]
+                if (e >> PAIR_RANK_BITS) == key or e == UINT64_MAX:
+                    break
+                slot = (slot + 1) & self.pmask
+            pc[0] = (key << PAIR_RANK_BITS) | (e & NO_RANK)
+        r = <uint32_t> (pc[0] & NO_RANK)
+        return INT32_MAX if r == NO_RANK else <int32_t> r
 
     cdef int _finish(self) except -1:
         """Mark tokens whose own bytes BPE-merge back into themselves (exact whole-piece shortcut)."""
@@ -578,7 +632,7 @@ cdef class Engine:
         """
         cdef Py_ssize_t cap = self.pmask + 1, i, t, k, j, nrisk = 0, riskcap = 0, nhdr = 0, hdrcap = 0
         cdef int32_t* use = <int32_t*> malloc((self.ntok + 1) * sizeof(int32_t))
-        cdef int32_t a, b, r, R, cur, nid, bi, nsym
+        cdef int32_t a, b, r, R, cur, bi, nsym
         cdef int la, lb, L, ln
         cdef const uint8_t* pa
         cdef const uint8_t* pb
@@ -590,7 +644,7 @@ cdef class Engine:
         cdef RiskEnt* ent = NULL
         cdef RiskHdr* hnew
         cdef RiskEnt* enew
-        cdef PairEnt* pe
+        cdef uint64_t pe
         # risk merges: (key, klen, rank, kind, val, vlen); right: key = suffix fragment (left side of the merge);
         # left: key = prefix fragment (right side of the merge)
         cdef Py_ssize_t nrr, nlr
@@ -607,12 +661,12 @@ cdef class Engine:
             rr_list = []
             lr_list = []
             for i in range(cap):
-                pe = &self.ptab[i]
-                if pe.key == UINT64_MAX:
+                pe = self.ptab[i]
+                if pe == UINT64_MAX:
                     continue
-                a = <int32_t> (pe.key >> 32)
-                b = <int32_t> (pe.key & 0xFFFFFFFFULL)
-                r = pe.rank
+                a = <int32_t> (pe >> (PAIR_RANK_BITS + PAIR_ID_BITS))
+                b = <int32_t> ((pe >> PAIR_RANK_BITS) & ((1 << PAIR_ID_BITS) - 1))
+                r = <int32_t> (pe & NO_RANK)
                 if a < 0 or b < 0 or a >= self.ntok or b >= self.ntok:
                     continue
                 if r < use[a]:
@@ -679,14 +733,13 @@ cdef class Engine:
                     cur = INT32_MAX
                     bi = -1
                     for k in range(nsym - 1):
-                        r = self._prank(sym[k], sym[k + 1], &nid)
+                        r = self._prank(sym[k], sym[k + 1])
                         if r < cur:
                             cur = r
                             bi = k
                     if bi < 0:
                         break
-                    self._prank(sym[bi], sym[bi + 1], &nid)
-                    sym[bi] = nid
+                    sym[bi] = self.mnew[cur]
                     for k in range(bi + 1, nsym - 1):
                         sym[k] = sym[k + 1]
                     nsym -= 1
@@ -879,7 +932,7 @@ cdef class Engine:
             raise ValueError("tiktoken ranks must be 0..n-1")
         e.ntok = count
         e._vinsert_all()
-        e._alloc_pairs(count)
+        e._alloc_pairs(count, count)
         e._derive_merges()
         e._build_chars()
         e._finish()
@@ -962,8 +1015,11 @@ cdef class Engine:
             e.tok_len[t] = len(tok)
             nb += len(tok)
         e._vinsert_all()
-        e._alloc_pairs(nm)
+        e._alloc_pairs(nm, nm)
         for m in range(nm):
+            for t in range(3):
+                if not 0 <= merges[3 * m + t] < ntok or e.tok_len[merges[3 * m + t]] < 0:
+                    raise ValueError(f"merge {m} names token id {merges[3 * m + t]}, which is not in the vocabulary")
             e._pinsert(merges[3 * m], merges[3 * m + 1], <int32_t> m, merges[3 * m + 2])
         e._build_chars()
         e._finish()
@@ -1008,6 +1064,8 @@ cdef class Engine:
         e.vmask = self.vmask
         e.ptab = self.ptab
         e.pmask = self.pmask
+        e.mnew = self.mnew
+        e.nrank = self.nrank
         memcpy(e.byte_id, self.byte_id, sizeof(self.byte_id))
         e.maxtok = self.maxtok
         e.cbmp = self.cbmp
@@ -1136,11 +1194,10 @@ cdef class Engine:
     cdef Py_ssize_t _merge_short(self, int32_t* ids, Py_ssize_t m, int32_t* dst) noexcept nogil:
         """Array merge loop over m <= SHORT_BPE initial symbols (ids is clobbered)."""
         cdef int32_t rk[SHORT_BPE]
-        cdef int32_t nid[SHORT_BPE]
         cdef Py_ssize_t k, bi
         cdef int32_t best
         for k in range(m - 1):
-            rk[k] = self._prank(ids[k], ids[k + 1], &nid[k])
+            rk[k] = self._prank(ids[k], ids[k + 1])
         while m > 1:
             best = INT32_MAX
             bi = -1
@@ -1150,15 +1207,14 @@ cdef class Engine:
                     bi = k
             if bi < 0:
                 break
-            ids[bi] = nid[bi]
+            ids[bi] = self.mnew[best]
             m -= 1
             if bi + 1 < m:
                 memmove(ids + bi + 1, ids + bi + 2, (m - bi - 1) * sizeof(int32_t))
                 memmove(rk + bi + 1, rk + bi + 2, (m - bi - 2) * sizeof(int32_t))
-                memmove(nid + bi + 1, nid + bi + 2, (m - bi - 2) * sizeof(int32_t))
-                rk[bi] = self._prank(ids[bi], ids[bi + 1], &nid[bi])
+                rk[bi] = self._prank(ids[bi], ids[bi + 1])
             if bi > 0:
-                rk[bi - 1] = self._prank(ids[bi - 1], ids[bi], &nid[bi - 1])
+                rk[bi - 1] = self._prank(ids[bi - 1], ids[bi])
         memcpy(dst, ids, m * sizeof(int32_t))
         return m
 
@@ -1171,14 +1227,14 @@ cdef class Engine:
         cdef uint64_t* heap = self.hheap
         cdef Py_ssize_t hn = 0, k, c, par, m = 0
         cdef uint64_t item, tmp
-        cdef int32_t r, nid, pos, q, rr
+        cdef int32_t r, pos, q, rr
         if n > self.hcap:
             return -1
         for k in range(n):
             nxt[k] = k + 1 if k + 1 < n else -1
             prv[k] = k - 1
         for k in range(n - 1):
-            r = self._prank(sym[k], sym[k + 1], &nid)
+            r = self._prank(sym[k], sym[k + 1])
             if r != INT32_MAX:
                 # push
                 item = (<uint64_t> <uint32_t> r << 32) | <uint32_t> k
@@ -1216,11 +1272,11 @@ cdef class Engine:
             q = nxt[pos]
             if q < 0:
                 continue
-            rr = self._prank(sym[pos], sym[q], &nid)
+            rr = self._prank(sym[pos], sym[q])
             if rr != r:
                 continue
             # merge pos and q
-            sym[pos] = nid
+            sym[pos] = self.mnew[r]
             sym[q] = -1
             nxt[pos] = nxt[q]
             if nxt[q] >= 0:
@@ -1235,7 +1291,7 @@ cdef class Engine:
                     q = pos
                 if nxt[q] < 0:
                     continue
-                rr = self._prank(sym[q], sym[nxt[q]], &nid)
+                rr = self._prank(sym[q], sym[nxt[q]])
                 if rr == INT32_MAX:
                     continue
                 item = (<uint64_t> <uint32_t> rr << 32) | <uint32_t> q
@@ -1291,9 +1347,39 @@ cdef class Engine:
             self.nout += 1
         return 0
 
-    cdef int _piece(self, const uint8_t* p, Py_ssize_t n) except -1:
+    cdef inline int _queue(self, const uint8_t* p, Py_ssize_t n) except -1:
+        """Hand a piece of the segment being scanned to the cache/BPE stage. Pieces wait in a short queue
+        whose cache sets are prefetched as they enter it: the scanner's work on the next pieces overlaps the
+        memory latency of the cache probes (one cache miss per piece dominated the time otherwise). Output
+        order is the pieces' order: the queue is flushed before the scanner returns."""
+        cdef uint64_t w[3]
+        cdef uint64_t h = 0
+        cdef const CacheEnt* ce
+        if 2 <= n <= CACHE_KEY:
+            _load3(p, n, w)
+            h = _hwords(w, n)
+            ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
+            QV3_PREFETCH(ce)
+            QV3_PREFETCH(ce + 1)
+            QV3_PREFETCH(&self.vtab[h & self.vmask])
+        self.pq_p[self.npq] = p
+        self.pq_n[self.npq] = <int32_t> n
+        self.pq_h[self.npq] = h
+        self.npq += 1
+        if self.npq == PIPE:
+            return self._flush()
+        return 0
+
+    cdef int _flush(self) except -1:
+        cdef int k, n = self.npq
+        self.npq = 0
+        for k in range(n):
+            self._piece(self.pq_p[k], self.pq_n[k], self.pq_h[k])
+        return 0
+
+    cdef int _piece(self, const uint8_t* p, Py_ssize_t n, uint64_t h) except -1:
+        """Emit the tokens of one piece (h: its cache hash when 2 <= n <= CACHE_KEY)."""
         cdef int32_t t
-        cdef uint64_t h
         cdef uint64_t w[3]
         cdef CacheEnt* ce
         cdef Py_ssize_t m
@@ -1302,7 +1388,6 @@ cdef class Engine:
         ce = NULL
         if n <= CACHE_KEY:
             _load3(p, n, w)
-            h = _hwords(w, n)
             ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
             if not (ce.klen == n and ce.w[0] == w[0] and ce.w[1] == w[1] and ce.w[2] == w[2]):
                 ce += 1
@@ -1373,14 +1458,14 @@ cdef class Engine:
                 c1 = _dec(s, i + l0, &l1)
                 letter = CI_LETTER[c1] if c1 < 0x180 else 0
                 if letter == 115 or letter == 116 or letter == 109 or letter == 100:   # s t m d
-                    self._piece(s + i, l0 + l1)
+                    self._queue(s + i, l0 + l1)
                     i += l0 + l1
                     continue
                 if letter != 0 and i + l0 + l1 < n:
                     c2 = _dec(s, i + l0 + l1, &l2)
                     l_2 = CI_LETTER[c2] if c2 < 0x180 else 0
                     if ((letter == 114 or letter == 118) and l_2 == 101) or (letter == 108 and l_2 == 108):
-                        self._piece(s + i, l0 + l1 + l2)
+                        self._queue(s + i, l0 + l1 + l2)
                         i += l0 + l1 + l2
                         continue
             # 2. [^\r\n\p{L}\p{N}]?\p{L}+   (qwen35: [\p{L}\p{M}]+)
@@ -1397,12 +1482,12 @@ cdef class Engine:
                     if not (cls[c1] & LET):
                         break
                     j += l1
-                self._piece(s + i, j - i)
+                self._queue(s + i, j - i)
                 i = j
                 continue
             # 3. \p{N}
             if f0 & F_N:
-                self._piece(s + i, l0)
+                self._queue(s + i, l0)
                 i += l0
                 continue
             # 4. ' ?[^\s\p{L}\p{N}]+[\r\n]*'
@@ -1421,7 +1506,7 @@ cdef class Engine:
                     j += l1
                 while j < n and (s[j] == 10 or s[j] == 13):
                     j += 1
-                self._piece(s + i, j - i)
+                self._queue(s + i, j - i)
                 i = j
                 continue
             # whitespace: 5. \s*[\r\n]+   6. \s+(?!\S)   7. \s+
@@ -1444,9 +1529,9 @@ cdef class Engine:
                 k = lastch
             else:
                 k = i + l0
-            self._piece(s + i, k - i)
+            self._queue(s + i, k - i)
             i = k
-        return 0
+        return self._flush()
 
     # ------------------------------------------------------------ NFC
     cdef Py_ssize_t _nfc(self, const uint8_t* s, Py_ssize_t n) except -1:
