@@ -7,19 +7,29 @@ rules and byte-level BPE, with caches of whole pieces. Vocabulary files are read
 (:mod:`qwen_v3_calculator.vocab`); no vLLM, torch or transformers needed.
 """
 from libc.stdlib cimport malloc, free, calloc, realloc
-from libc.string cimport memcpy, memcmp, memset, memmove
-from libc.stdint cimport uint8_t, uint32_t, int32_t, uint64_t, int64_t, INT32_MAX, UINT64_MAX
+from libc.string cimport memcpy, memcmp, memset, memmove, memchr
+
+import os
+import threading
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, int32_t, uint64_t, int64_t, INT32_MAX, UINT64_MAX
 
 cdef extern from "Python.h":
-    const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
-    object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
     bint PyUnicode_Check(object o)
+    int PyUnicode_READY(object o) except -1
+    int PyUnicode_KIND(object o)
+    void* PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    bint PyUnicode_IS_ASCII(object o)
 
 cdef extern from *:
     """
     #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    static inline Py_ssize_t qv3_next(Py_ssize_t* p) { return __atomic_fetch_add(p, 1, __ATOMIC_RELAXED); }
     """
     void QV3_PREFETCH(const void* p) noexcept nogil
+    Py_ssize_t qv3_next(Py_ssize_t* p) noexcept nogil   # atomic fetch-and-increment (GCC/Clang builtin)
+
+from libc.stdlib cimport qsort
 
 DEF MAXCP = 0x110000
 DEF F_L = 1
@@ -37,6 +47,8 @@ DEF SHORT_BPE = 32     # pieces of up to this many initial symbols use the array
 DEF CACHE_BITS = 15    # piece cache: 2**15 sets of 2 ways, 64-byte entries (4 MiB, zero pages lazily)
 DEF CACHE_KEY = 24     # pieces of 2..24 bytes are cached (key = three zero-padded little-endian words)
 DEF CACHE_IDS = 9
+DEF MIN_PARALLEL = 65536  # code points: smaller batches run in the calling thread (handing work to a thread
+                          # and collecting it costs tens of microseconds; below this threads did not pay)
 DEF PIPE = 16          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
 DEF SBASE = 0xAC00
 DEF LBASE = 0x1100
@@ -198,7 +210,13 @@ cdef inline bint _needs_nfc(const uint8_t* s, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i = 0
     cdef int ln
     cdef uint32_t c
+    cdef uint64_t w
     while i < n:
+        if i + 8 <= n:       # eight ASCII bytes at a time
+            memcpy(&w, s + i, 8)
+            if (w & 0x8080808080808080ULL) == 0:
+                i += 8
+                continue
         if s[i] < 0xCC:      # ASCII, continuation bytes, and lead bytes of U+0080..U+02FF (all NFC-safe)
             i += 1
             continue
@@ -217,9 +235,30 @@ ctypedef struct CacheEnt:
     uint8_t nids
     uint8_t pad[2]
 
+ctypedef struct Text:      # a str's canonical representation, read without the GIL (the caller holds a reference)
+    const void* data
+    Py_ssize_t len        # code points
+    int kind              # 1, 2 or 4 bytes per code point
+    bint ascii            # data is already UTF-8
+
+ctypedef struct Batch:     # one count_batch/encode_batch call, shared by its worker threads
+    Text* texts
+    Py_ssize_t n
+    Py_ssize_t* order     # processing order (longest first when several workers share it; NULL: as given)
+    Py_ssize_t next       # next chunk of positions in order; taken with qv3_next
+    Py_ssize_t chunk      # positions per chunk
+    bint counting
+    int64_t* res          # per position in order: the text's token count (its ids' count when encoding)
+    int64_t* start        # encode: where its ids start in the output buffer of worker owner[k]
+    int32_t* owner
+    int64_t* bad          # per position: 1 + index of a lone surrogate, 0 if none
+                          # (per position, not per text: each worker writes its own runs of these arrays)
+
 ctypedef struct CharEnt:  # a multi-byte character whose own token may start the merge (see _build_chars)
     int32_t tok           # -1: start from its bytes
     int32_t risk          # -1: safe next to any neighbour; else index into risk_hdr
+    uint32_t lmask
+    uint32_t rmask
 
 ctypedef struct RiskHdr:
     int32_t off           # into risk_ent: nl left entries, then nr right entries
@@ -346,6 +385,20 @@ cdef inline bint _risk_match(const RiskEnt* e, uint32_t nb, int nlen) noexcept n
     return (nb & ((1u << (8 * e.vlen)) - 1)) == e.val
 
 
+cdef inline uint32_t _rbit(uint32_t packed) noexcept nogil:
+    return 1u << ((packed * 0x9E3779B1u) >> 27)
+
+
+cdef uint32_t _risk_mask(const RiskEnt* ent, int n) noexcept nogil:
+    cdef uint32_t m = 0
+    cdef int k
+    for k in range(n):
+        if ent[k].kind != 0:
+            return 0xFFFFFFFFu
+        m |= _rbit(ent[k].val)
+    return m
+
+
 cdef inline uint64_t _hpair(uint64_t key) noexcept nogil:
     key *= 0x9E3779B97F4A7C15ULL
     return key ^ (key >> 29)
@@ -400,6 +453,13 @@ cdef class Engine:
     cdef Py_ssize_t ucap
     cdef uint8_t* nbuf
     cdef Py_ssize_t ncap
+    cdef uint8_t* u8              # UTF-8 of the current text when it is not ASCII
+    cdef Py_ssize_t u8cap
+    cdef Py_ssize_t badpos        # _text: index of the lone surrogate it stopped at
+    cdef object added_list        # set_added_tokens' argument (clones copy it)
+    cdef object helpers           # engines of the batch worker threads (clones), created on first use
+    cdef object batch_lock        # held while helpers run a batch
+    cdef int add_only             # the one first byte of all added tokens (memchr), or -1
     cdef const uint8_t* pq_p[PIPE]  # the piece pipeline (_queue/_flush): start, length, cache hash
     cdef int32_t pq_n[PIPE]
     cdef uint64_t pq_h[PIPE]
@@ -445,6 +505,9 @@ cdef class Engine:
         self.hheap = NULL
         self.hcap = 0
         self.npq = 0
+        self.u8 = NULL
+        self.u8cap = 0
+        self.add_only = -1
         self.rule = 0
         self.nfc = True
         self.owns = True
@@ -457,7 +520,7 @@ cdef class Engine:
             free(self.ptab); free(self.mnew); free(self.cbmp); free(self.csupp_cp); free(self.csupp)
             free(self.risk_hdr); free(self.risk_ent)
         free(self.cache_raw); free(self.pcache); free(self.add_arena); free(self.add_off); free(self.add_len)
-        free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf)
+        free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf); free(self.u8)
         free(self.hsym); free(self.hheap)
 
     # ------------------------------------------------------------ construction
@@ -569,6 +632,12 @@ cdef class Engine:
         self.mnew[rank] = new_id
         self.pcache[(_hpair(key) >> 40) & ((1 << PCACHE_BITS) - 1)] = UINT64_MAX
 
+    cdef inline void _pprefetch(self, int32_t a, int32_t b) noexcept nogil:
+        cdef uint64_t key = _pairkey(a, b)
+        cdef uint64_t hh = _hpair(key)
+        if (self.pcache[(hh >> 40) & ((1 << PCACHE_BITS) - 1)] >> PAIR_RANK_BITS) != key:
+            QV3_PREFETCH(&self.ptab[hh & self.pmask])
+
     cdef inline int32_t _prank(self, int32_t a, int32_t b) noexcept nogil:
         """Rank of the merge (a, b), or INT32_MAX; the token it makes is mnew[rank]. The answer comes from the
         engine's small pair cache when it holds (a, b) (neighbouring symbols repeat: the same characters and
@@ -636,7 +705,7 @@ cdef class Engine:
         cdef int la, lb, L, ln
         cdef const uint8_t* pa
         cdef const uint8_t* pb
-        cdef uint32_t cp, packed
+        cdef uint32_t cp, packed, lm, rm
         cdef uint8_t enc[4]
         cdef int32_t sym[4]
         cdef CharEnt* cbmp = NULL
@@ -713,6 +782,8 @@ cdef class Engine:
             for i in range(0x10000):
                 cbmp[i].tok = -1
                 cbmp[i].risk = -1
+                cbmp[i].lmask = 0
+                cbmp[i].rmask = 0
             supp = []
             for t in range(self.ntok):
                 ln = self.tok_len[t]
@@ -792,11 +863,15 @@ cdef class Engine:
                     hdr[nhdr].nr = <uint8_t> nr
                     ri = nhdr
                     nhdr += 1
+                lm = _risk_mask(ent + k, nl) if ri >= 0 else 0
+                rm = _risk_mask(ent + k + nl, nr) if ri >= 0 else 0
                 if cp < 0x10000:
                     cbmp[cp].tok = t
                     cbmp[cp].risk = ri
+                    cbmp[cp].lmask = lm
+                    cbmp[cp].rmask = rm
                 else:
-                    supp.append((cp, t, ri))
+                    supp.append((cp, t, ri, lm, rm))
             supp.sort()
             self.ncsupp = len(supp)
             self.csupp_cp = <uint32_t*> malloc((self.ncsupp + 1) * sizeof(uint32_t))
@@ -807,6 +882,8 @@ cdef class Engine:
                 self.csupp_cp[i] = supp[i][0]
                 self.csupp[i].tok = supp[i][1]
                 self.csupp[i].risk = supp[i][2]
+                self.csupp[i].lmask = supp[i][3]
+                self.csupp[i].rmask = supp[i][4]
             self.risk_hdr = hdr
             self.risk_ent = ent
             self.cbmp = cbmp
@@ -1027,6 +1104,7 @@ cdef class Engine:
 
     def set_added_tokens(self, list added):
         """``[(content bytes, id), ...]``; matched leftmost-longest before anything else."""
+        self.added_list = list(added)
         added = sorted(added, key=lambda x: -len(x[0]))
         free(self.add_arena); free(self.add_off); free(self.add_len); free(self.add_id)
         self.nadd = len(added)
@@ -1048,10 +1126,12 @@ cdef class Engine:
             self.add_id[i] = tid
             self.add_first[src[0]] = 1
             k += len(content)
+        firsts = [b for b in range(256) if self.add_first[b]]
+        self.add_only = firsts[0] if len(firsts) == 1 else -1
 
     def clone(self):
-        """A new engine sharing this one's (read-only) vocabulary and merge tables, with its own added
-        tokens, options, cache and scratch buffers."""
+        """A new engine sharing this one's (read-only) vocabulary and merge tables, with its own copy of the
+        added tokens and options, and its own cache and scratch buffers."""
         cdef Engine e = Engine()
         e.owns = False
         e.owner = self
@@ -1078,6 +1158,8 @@ cdef class Engine:
         e._alloc_cache()
         e.rule = self.rule
         e.nfc = self.nfc
+        if self.added_list is not None:
+            e.set_added_tokens(self.added_list)
         return e
 
     @property
@@ -1158,6 +1240,12 @@ cdef class Engine:
                     return True
         return False
 
+    cdef inline bint _maybe_risky(self, const CharEnt* ce, uint32_t pb, int plen, const uint8_t* q,
+                                  Py_ssize_t qn) noexcept nogil:
+        if plen > 0 and (ce.lmask & _rbit(pb)):
+            return True
+        return qn > 0 and ce.rmask != 0 and (ce.rmask & _rbit(_pack(q, _u8len(q[0])))) != 0
+
     cdef Py_ssize_t _syms(self, const uint8_t* p, Py_ssize_t n, int32_t* ids) noexcept nogil:
         """Initial symbols of a piece of valid UTF-8: bytes, except safe multi-byte characters as one token."""
         cdef Py_ssize_t i = 0, m = 0, k
@@ -1179,7 +1267,8 @@ cdef class Engine:
             cb = _pack(p + i, ln)
             ce = self._char(cp)
             if ce != NULL and ce.tok >= 0 and (
-                    ce.risk < 0 or not self._risky(ce.risk, pb, plen, p + i + ln, n - i - ln)):
+                    ce.risk < 0 or not self._maybe_risky(ce, pb, plen, p + i + ln, n - i - ln)
+                    or not self._risky(ce.risk, pb, plen, p + i + ln, n - i - ln)):
                 ids[m] = ce.tok
                 m += 1
             else:
@@ -1196,6 +1285,8 @@ cdef class Engine:
         cdef int32_t rk[SHORT_BPE]
         cdef Py_ssize_t k, bi
         cdef int32_t best
+        for k in range(m - 1):
+            self._pprefetch(ids[k], ids[k + 1])
         for k in range(m - 1):
             rk[k] = self._prank(ids[k], ids[k + 1])
         while m > 1:
@@ -1311,7 +1402,7 @@ cdef class Engine:
             k = nxt[k]
         return m
 
-    cdef int _ensure_scratch(self, Py_ssize_t n) except -1:
+    cdef int _ensure_scratch(self, Py_ssize_t n) except -1 nogil:
         if n <= self.hcap:
             return 0
         free(self.hsym)
@@ -1320,11 +1411,12 @@ cdef class Engine:
         self.hsym = <int32_t*> malloc(3 * (n + 16) * sizeof(int32_t))
         self.hheap = <uint64_t*> malloc((3 * (n + 16) + 4) * sizeof(uint64_t))
         if self.hsym == NULL or self.hheap == NULL:
-            raise MemoryError()
+            with gil:
+                raise MemoryError()
         self.hcap = n + 16
         return 0
 
-    cdef inline int _ensure_out(self, Py_ssize_t extra) except -1:
+    cdef inline int _ensure_out(self, Py_ssize_t extra) except -1 nogil:
         cdef Py_ssize_t cap
         cdef int32_t* o
         if self.nout + extra <= self.outcap:
@@ -1332,12 +1424,13 @@ cdef class Engine:
         cap = max(self.outcap * 2, self.nout + extra + 1024)
         o = <int32_t*> realloc(self.out, cap * sizeof(int32_t))
         if o == NULL:
-            raise MemoryError()
+            with gil:
+                raise MemoryError()
         self.out = o
         self.outcap = cap
         return 0
 
-    cdef inline int _emit1(self, int32_t t) except -1:
+    cdef inline int _emit1(self, int32_t t) except -1 nogil:
         if self.counting:
             self.counted += 1
         else:
@@ -1347,7 +1440,7 @@ cdef class Engine:
             self.nout += 1
         return 0
 
-    cdef inline int _queue(self, const uint8_t* p, Py_ssize_t n) except -1:
+    cdef inline int _queue(self, const uint8_t* p, Py_ssize_t n) except -1 nogil:
         """Hand a piece of the segment being scanned to the cache/BPE stage. Pieces wait in a short queue
         whose cache sets are prefetched as they enter it: the scanner's work on the next pieces overlaps the
         memory latency of the cache probes (one cache miss per piece dominated the time otherwise). Output
@@ -1370,14 +1463,14 @@ cdef class Engine:
             return self._flush()
         return 0
 
-    cdef int _flush(self) except -1:
+    cdef int _flush(self) except -1 nogil:
         cdef int k, n = self.npq
         self.npq = 0
         for k in range(n):
             self._piece(self.pq_p[k], self.pq_n[k], self.pq_h[k])
         return 0
 
-    cdef int _piece(self, const uint8_t* p, Py_ssize_t n, uint64_t h) except -1:
+    cdef int _piece(self, const uint8_t* p, Py_ssize_t n, uint64_t h) except -1 nogil:
         """Emit the tokens of one piece (h: its cache hash when 2 <= n <= CACHE_KEY)."""
         cdef int32_t t
         cdef uint64_t w[3]
@@ -1423,7 +1516,8 @@ cdef class Engine:
         self._ensure_out(n)     # counting: scratch space at the end of the (unused) output buffer
         m = self._bpe_text(p, n, self.out + self.nout)
         if m < 0:
-            raise MemoryError()
+            with gil:
+                raise MemoryError()
         if ce != NULL:
             if m <= CACHE_IDS:
                 ce.w[0] = w[0]
@@ -1441,7 +1535,7 @@ cdef class Engine:
         return 0
 
     # ------------------------------------------------------------ split scanner
-    cdef int _scan(self, const uint8_t* s, Py_ssize_t n) except -1:
+    cdef int _scan(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
         """Split one normalized segment with the Qwen pre-tokenizer regex and BPE every piece."""
         cdef Py_ssize_t i = 0, j, k, lastcr, lastch
         cdef int l0, l1, l2
@@ -1534,7 +1628,7 @@ cdef class Engine:
         return self._flush()
 
     # ------------------------------------------------------------ NFC
-    cdef Py_ssize_t _nfc(self, const uint8_t* s, Py_ssize_t n) except -1:
+    cdef Py_ssize_t _nfc(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
         """NFC of a UTF-8 segment into self.nbuf (reference tables); returns its length."""
         cdef Py_ssize_t need = n * 4 + 16, i = 0, j, m = 0, k, a, b, d, x, run
         cdef int ln
@@ -1549,7 +1643,8 @@ cdef class Engine:
             self.ubuf = <uint32_t*> malloc(need * 2 * sizeof(uint32_t))
             if self.ubuf == NULL:
                 self.ucap = 0
-                raise MemoryError()
+                with gil:
+                    raise MemoryError()
             self.ucap = need * 2
         u = self.ubuf
         # decompose (at most 4 code points per decomposition, UTF-8 is >= 1 byte per code point)
@@ -1633,14 +1728,15 @@ cdef class Engine:
             self.nbuf = <uint8_t*> malloc(k * 4 + 4)
             if self.nbuf == NULL:
                 self.ncap = 0
-                raise MemoryError()
+                with gil:
+                    raise MemoryError()
             self.ncap = k * 4 + 4
         x = 0
         for i in range(k):
             x += _put_utf8(self.nbuf + x, u[i])
         return x
 
-    cdef int _segment(self, const uint8_t* s, Py_ssize_t n) except -1:
+    cdef int _segment(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
         cdef Py_ssize_t m
         if n == 0:
             return 0
@@ -1649,14 +1745,20 @@ cdef class Engine:
             return self._scan(self.nbuf, m)
         return self._scan(s, n)
 
-    cdef int _run(self, str text) except -1:
-        cdef Py_ssize_t n, i = 0, seg = 0, a, L
-        cdef const uint8_t* s = <const uint8_t*> PyUnicode_AsUTF8AndSize(text, &n)
+    cdef int _run(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
+        """Tokenize UTF-8 text: split on the added tokens (leftmost-longest), then every segment."""
+        cdef Py_ssize_t i = 0, seg = 0, a, L
+        cdef const uint8_t* hit
         cdef int best
         if self.nadd == 0:
             return self._segment(s, n)
         while i < n:
-            if not self.add_first[s[i]]:
+            if self.add_only >= 0:              # Qwen: every added token starts with "<"
+                hit = <const uint8_t*> memchr(s + i, self.add_only, n - i)
+                if hit == NULL:
+                    break
+                i = hit - s
+            elif not self.add_first[s[i]]:
                 i += 1
                 continue
             best = -1
@@ -1677,55 +1779,332 @@ cdef class Engine:
                 self.nout += 1
             i += self.add_len[best]
             seg = i
-        self._segment(s + seg, n - seg)
+        return self._segment(s + seg, n - seg)
+
+    cdef int _text(self, const Text* t) except -1 nogil:
+        """Tokenize one text (its ids appended to the output, or counted); 1 when it holds a lone surrogate,
+        whose index goes to badpos (nothing of the text is then emitted in a meaningful way)."""
+        cdef Py_ssize_t k, m = 0, need
+        cdef uint32_t c
+        cdef const uint16_t* u2
+        cdef const uint32_t* u4
+        cdef const uint8_t* u1
+        cdef uint8_t* o
+        if t.ascii:
+            return self._run(<const uint8_t*> t.data, t.len)
+        need = t.len * (2 if t.kind == 1 else 3 if t.kind == 2 else 4) + 1
+        if need > self.u8cap:
+            free(self.u8)
+            self.u8cap = 0
+            self.u8 = <uint8_t*> malloc(need)
+            if self.u8 == NULL:
+                with gil:
+                    raise MemoryError()
+            self.u8cap = need
+        o = self.u8
+        if t.kind == 1:
+            u1 = <const uint8_t*> t.data
+            for k in range(t.len):
+                m += _put_utf8(o + m, u1[k])
+        elif t.kind == 2:
+            u2 = <const uint16_t*> t.data
+            for k in range(t.len):
+                c = u2[k]
+                if c < 0x80:
+                    o[m] = <uint8_t> c
+                    m += 1
+                    continue
+                if 0xD800 <= c < 0xE000:
+                    self.badpos = k
+                    return 1
+                m += _put_utf8(o + m, c)
+        else:
+            u4 = <const uint32_t*> t.data
+            for k in range(t.len):
+                c = u4[k]
+                if 0xD800 <= c < 0xE000:
+                    self.badpos = k
+                    return 1
+                m += _put_utf8(o + m, c)
+        return self._run(o, m)
+
+    cdef int _drain(self, Batch* b, int wid) except -1 nogil:
+        """Tokenize texts of the batch until none is left (any number of engines drain one batch at once)."""
+        cdef Py_ssize_t k, k0, k1, i, st
+        cdef int rc
+        self.counting = b.counting
+        while True:
+            k0 = qv3_next(&b.next) * b.chunk
+            if k0 >= b.n:
+                break
+            k1 = min(k0 + b.chunk, b.n)
+            for k in range(k0, k1):
+                i = b.order[k] if b.order != NULL else k
+                self.counted = 0
+                st = self.nout
+                rc = self._text(&b.texts[i])
+                if rc == 1:
+                    b.bad[k] = self.badpos + 1
+                    self.nout = st
+                    continue
+                if b.counting:
+                    b.res[k] = self.counted
+                else:
+                    b.res[k] = self.nout - st
+                    b.start[k] = st
+                    b.owner[k] = wid
+        self.counting = False
         return 0
 
-    # ------------------------------------------------------------ public
-    def encode(self, str text):
-        cdef Py_ssize_t k
-        self.counting = False
-        self.nout = 0
-        try:
-            self._run(text)
-        except UnicodeEncodeError as exc:
-            raise _surrogate_error(text, exc) from None
-        cdef list res = [None] * self.nout
-        for k in range(self.nout):
-            res[k] = self.out[k]
+    def _work(self, _Batch batch, int wid):
+        """One worker thread's share of a batch, without the GIL."""
+        with nogil:
+            self._drain(&batch.c, wid)
+
+    cdef void _release(self) noexcept:
+        """Give back large scratch buffers after a call (a 10 MB text must not pin 40 MB per engine)."""
         self.nout = 0
         if self.outcap > (1 << 20):
             free(self.out)
             self.out = NULL
             self.outcap = 0
+        if self.u8cap > (1 << 22):
+            free(self.u8)
+            self.u8 = NULL
+            self.u8cap = 0
+
+    cdef list _ids(self, Py_ssize_t start, Py_ssize_t n):
+        cdef list res = [None] * n
+        cdef Py_ssize_t k
+        for k in range(n):
+            res[k] = self.out[start + k]
         return res
 
-    def count(self, str text):
+    # ------------------------------------------------------------ public
+    def encode(self, text):
+        """Token ids of ``text`` (str)."""
+        cdef Text t
+        _text_of(text, &t, -1)
+        self.counting = False
+        self.nout = 0
+        try:
+            if self._text(&t) == 1:
+                raise _surrogate_error(text, self.badpos, -1)
+            return self._ids(0, self.nout)
+        finally:
+            self._release()
+
+    def count(self, text):
+        """Number of tokens of ``text`` (str); no ids are materialised."""
+        cdef Text t
+        _text_of(text, &t, -1)
         self.counting = True
         self.counted = 0
         self.nout = 0
         try:
-            self._run(text)
-        except UnicodeEncodeError as exc:
-            raise _surrogate_error(text, exc) from None
+            if self._text(&t) == 1:
+                raise _surrogate_error(text, self.badpos, -1)
+            return self.counted
         finally:
             self.counting = False
-        return self.counted
+            self._release()
 
-    def count_batch(self, list texts):
-        cdef Py_ssize_t k, n = len(texts)
-        cdef list res = [0] * n
-        for k in range(n):
-            t = texts[k]
-            if not PyUnicode_Check(t):
-                raise TypeError(f"texts[{k}] must be str, not {type(t).__name__}")
-            res[k] = self.count(t)
+    def count_batch(self, texts, int threads=1):
+        """Token counts of a sequence of str, in order; ``threads`` > 1 spreads them over that many threads
+        (see _batch)."""
+        cdef _Batch b = _Batch(texts, True)
+        cdef Py_ssize_t k
+        cdef list res = [0] * b.c.n
+        self._batch(b, threads)
+        for k in range(b.c.n):
+            res[b.c.order[k] if b.c.order != NULL else k] = b.c.res[k]
         return res
 
+    def encode_batch(self, texts, int threads=1):
+        """Token ids of a sequence of str, in order (``threads`` as for count_batch)."""
+        cdef _Batch b = _Batch(texts, False)
+        cdef list workers = self._batch(b, threads)
+        cdef Engine w
+        cdef list res = [None] * b.c.n
+        cdef Py_ssize_t k
+        try:
+            for k in range(b.c.n):
+                w = workers[b.c.owner[k]]
+                res[b.c.order[k] if b.c.order != NULL else k] = w._ids(b.c.start[k], b.c.res[k])
+        finally:
+            for w in workers:
+                w._release()
+        return res
 
-def _surrogate_error(str text, exc):
-    pos = getattr(exc, "start", None)
-    where = f" at index {pos}" if pos is not None else ""
-    return ValueError(f"text contains a lone surrogate{where} (U+{ord(text[pos]):04X}), which is not valid "
-                      "Unicode and cannot be tokenized (the reference tokenizer rejects it too); "
-                      "encode/decode the text with errors='replace' first" if pos is not None else
-                      "text contains a lone surrogate, which cannot be tokenized")
+    cdef list _batch(self, _Batch b, int threads):
+        """Run a batch; returns the engines that ran it (index = Batch.owner).
+
+        With threads <= 1, or a batch too small to be worth a thread (MIN_PARALLEL code points), this engine
+        runs it in the calling thread, holding the GIL like ``count``. Otherwise ``threads`` helper engines
+        (clones: shared vocabulary, own caches, kept for later batches) drain it together, the calling
+        thread being one of them, without the GIL; texts are taken longest first, one at a time, so the
+        threads finish together. Results do not depend on the number of threads: each text is tokenized
+        whole by one engine. A second batch on the same engine waits for the first."""
+        cdef list workers
+        cdef Engine w
+        cdef Py_ssize_t k, i, first = -1, pos = 0
+        threads = min(threads, b.c.n)
+        if threads <= 1 or b.units < MIN_PARALLEL:
+            workers = [self]
+            self.nout = 0
+            b.c.chunk = max(b.c.n, 1)
+            try:
+                self._drain(&b.c, 0)
+            except BaseException:
+                self._release()
+                raise
+        else:
+            if self.batch_lock is None:
+                self.batch_lock = threading.Lock()
+            with self.batch_lock:
+                if self.helpers is None:
+                    self.helpers = []
+                while len(self.helpers) < threads:
+                    self.helpers.append(self.clone())
+                workers = self.helpers[:threads]
+                for w in workers:
+                    w.nout = 0
+                if b.longest * threads * 16 > b.units:
+                    b.longest_first()   # some text is a large part of a worker's share: longest first
+                # chunks of consecutive positions: few atomic operations, and each worker writes its own
+                # runs of the result arrays; small enough (1/32 of a worker's share) to end together
+                b.c.chunk = max(1, min(64, b.c.n // (32 * threads)))
+                futures = [_thread_pool(threads - 1).submit(workers[k]._work, b, k) for k in range(1, threads)]
+                errors = []
+                try:
+                    workers[0]._work(b, 0)
+                except BaseException as exc:
+                    errors.append(exc)
+                for f in futures:               # every worker is done before the batch's arrays go away
+                    try:
+                        f.result()
+                    except BaseException as exc:
+                        errors.append(exc)
+                if errors:
+                    for w in workers:
+                        w._release()
+                    raise errors[0]
+        for k in range(b.c.n):           # the first text (in input order) with a lone surrogate
+            i = b.c.order[k] if b.c.order != NULL else k
+            if b.c.bad[k] and (first < 0 or i < first):
+                first = i
+                pos = b.c.bad[k] - 1
+        if first >= 0:
+            for w in workers:
+                w._release()
+            raise _surrogate_error(b.texts[first], pos, first)
+        if b.c.counting:
+            for w in workers:
+                w._release()
+        return workers
+
+
+_POOL = None
+_POOL_KEY = None
+_POOL_LOCK = threading.Lock()
+
+
+def _thread_pool(int workers):
+    """The process's batch worker threads (created on first use, grown on demand, re-created in a forked
+    child, whose copy of the parent's pool has no threads)."""
+    global _POOL, _POOL_KEY
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_KEY[0] != os.getpid() or _POOL_KEY[1] < workers:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if _POOL is not None and _POOL_KEY[0] == os.getpid():
+                _POOL.shutdown(wait=False)
+            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="qwen_v3_calculator")
+            _POOL_KEY = (os.getpid(), workers)
+        return _POOL
+
+
+cdef int _text_of(object s, Text* t, Py_ssize_t index) except -1:
+    if not PyUnicode_Check(s):
+        name = "text" if index < 0 else f"texts[{index}]"
+        raise TypeError(f"{name} must be str, not {type(s).__name__}")
+    PyUnicode_READY(s)
+    t.data = PyUnicode_DATA(s)
+    t.len = PyUnicode_GET_LENGTH(s)
+    t.kind = PyUnicode_KIND(s)
+    t.ascii = PyUnicode_IS_ASCII(s)
+    return 0
+
+
+ctypedef struct _LenIdx:
+    Py_ssize_t len
+    Py_ssize_t idx
+
+
+cdef int _longer_first(const void* a, const void* b) noexcept nogil:
+    cdef Py_ssize_t x = (<const _LenIdx*> a).len, y = (<const _LenIdx*> b).len
+    if x != y:
+        return -1 if x > y else 1
+    x = (<const _LenIdx*> a).idx
+    y = (<const _LenIdx*> b).idx
+    return -1 if x < y else (1 if x > y else 0)
+
+
+cdef class _Batch:
+    """The texts of one batch call (references held while threads read them) and its result arrays."""
+    cdef Batch c
+    cdef tuple texts
+    cdef Py_ssize_t units         # code points of all texts
+    cdef Py_ssize_t longest       # of the longest text
+
+    def __cinit__(self, texts, bint counting):
+        cdef Py_ssize_t i, n
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("texts must be a sequence of str, not a single " + type(texts).__name__)
+        self.texts = tuple(texts)
+        n = len(self.texts)
+        memset(&self.c, 0, sizeof(Batch))
+        self.c.n = n
+        self.c.counting = counting
+        self.c.texts = <Text*> calloc(max(n, 1), sizeof(Text))
+        self.c.res = <int64_t*> calloc(max(n, 1), sizeof(int64_t))
+        self.c.bad = <int64_t*> calloc(max(n, 1), sizeof(int64_t))
+        if not counting:
+            self.c.start = <int64_t*> calloc(max(n, 1), sizeof(int64_t))
+            self.c.owner = <int32_t*> calloc(max(n, 1), sizeof(int32_t))
+        if (self.c.texts == NULL or self.c.res == NULL or self.c.bad == NULL
+                or (not counting and (self.c.start == NULL or self.c.owner == NULL))):
+            raise MemoryError()
+        self.units = 0
+        self.longest = 0
+        for i in range(n):
+            _text_of(self.texts[i], &self.c.texts[i], i)
+            self.units += self.c.texts[i].len
+            self.longest = max(self.longest, self.c.texts[i].len)
+
+    cdef int longest_first(self) except -1:
+        cdef Py_ssize_t i, n = self.c.n
+        cdef _LenIdx* tmp = <_LenIdx*> malloc(max(n, 1) * sizeof(_LenIdx))
+        self.c.order = <Py_ssize_t*> malloc(max(n, 1) * sizeof(Py_ssize_t))
+        if tmp == NULL or self.c.order == NULL:
+            free(tmp)
+            raise MemoryError()
+        for i in range(n):
+            tmp[i].len = self.c.texts[i].len
+            tmp[i].idx = i
+        qsort(tmp, n, sizeof(_LenIdx), _longer_first)
+        for i in range(n):
+            self.c.order[i] = tmp[i].idx
+        free(tmp)
+        return 0
+
+    def __dealloc__(self):
+        free(self.c.texts); free(self.c.res); free(self.c.bad); free(self.c.start); free(self.c.owner)
+        free(self.c.order)
+
+
+def _surrogate_error(str text, Py_ssize_t pos, Py_ssize_t index):
+    name = "text" if index < 0 else f"texts[{index}]"
+    return ValueError(f"{name} contains a lone surrogate at index {pos} (U+{ord(text[pos]):04X}), which is not "
+                      "valid Unicode and cannot be tokenized (the reference tokenizer rejects it too); "
+                      "encode/decode the text with errors='replace' first")
