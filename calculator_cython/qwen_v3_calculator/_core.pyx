@@ -1588,6 +1588,8 @@ cdef class Engine:
                     c1 = _dec(s, j, &l1)
                     if not (cls[c1] & LET):
                         break
+                    if l1 > 1 and c1 < 0x10000 and self.cbmp != NULL:
+                        QV3_PREFETCH(&self.cbmp[c1])    # for _syms, a few pieces later
                     j += l1
                 self._queue(s + i, j - i)
                 i = j
