@@ -1,0 +1,167 @@
+"""Batch counting over threads: count_tokens_batch / encode_batch give exactly the one-at-a-time results, in order,
+for every thread count; bad input is named; the GIL is released; concurrent callers and forked children work."""
+import multiprocessing
+import os
+import random
+import sys
+import threading
+import time
+
+import pytest
+
+import qwen_v3_calculator as qc
+from qwen_v3_calculator import Calculator, count_tokens, count_tokens_batch, encode, encode_batch
+from qwen_v3_calculator.tokenizer import Tokenizer, resolve_threads
+
+MIN_PARALLEL = 65536  # code points (_core.pyx): smaller batches run in the calling thread
+
+
+def _texts(seed: int, n: int) -> list[str]:
+    """Every representation CPython has (1-byte ASCII and Latin-1, 2-byte CJK, 4-byte emoji), added tokens,
+    empty strings and a few long texts, shuffled."""
+    rnd = random.Random(seed)
+    words = ["hello", " world", "def", " f(x):", "\n    return", " 1234", "café", " naïve", "北京", "的", "财报",
+             "净利润", "😀", "🚀🚀", " <|im_start|>", "<|im_end|>\n", "<think>", "\t", "  ", "'s", "'ll", "Ω≈ç",
+             "한국어", "\u0301e", "Ａ１"]
+    out = []
+    for i in range(n):
+        k = 0 if i % 97 == 0 else rnd.randint(1, 60) if i % 31 else rnd.randint(2000, 6000)
+        out.append("".join(rnd.choice(words) for _ in range(k)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def texts():
+    t = _texts(20261202, 3000)
+    assert sum(map(len, t)) > 4 * MIN_PARALLEL  # the threaded path, not the small-batch shortcut
+    return t
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(texts):
+    return [count_tokens(t) for t in texts], [encode(t) for t in texts]
+
+
+def _pool_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("qwen_v3_calculator")]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_batches_equal_one_at_a_time_in_order(texts, one_at_a_time, threads):
+    counts, ids = one_at_a_time
+    assert count_tokens_batch(texts, threads=threads) == counts
+    assert encode_batch(texts, threads=threads) == ids
+    if threads > 1:  # the work really went to the pool's threads
+        assert len(_pool_threads()) >= threads - 1
+
+
+def test_default_threads_are_the_cores_this_process_may_use(texts, one_at_a_time):
+    assert resolve_threads(None) == len(os.sched_getaffinity(0))
+    assert count_tokens_batch(texts) == one_at_a_time[0]
+    assert Calculator().count_tokens_batch(tuple(texts)) == one_at_a_time[0]  # any sequence, any calculator
+    assert Tokenizer.bundled().encode_batch(iter(texts[:50]), threads=2) == one_at_a_time[1][:50]
+
+
+def test_small_and_empty_batches(texts, one_at_a_time):
+    assert count_tokens_batch([]) == [] and encode_batch([], threads=4) == []
+    assert count_tokens_batch(texts[:5], threads=4) == one_at_a_time[0][:5]
+    assert count_tokens_batch(["hello world"] * 3, threads=2) == [2, 2, 2]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bad_input_is_named(texts, threads):
+    big = texts + [7]
+    with pytest.raises(TypeError, match=rf"texts\[{len(texts)}\] must be str, not int"):
+        count_tokens_batch(big, threads=threads)
+    with pytest.raises(TypeError, match=r"texts\[1\] must be str, not bytes"):
+        encode_batch(["ok", b"no"], threads=threads)
+    with pytest.raises(TypeError, match="texts must be a sequence of str, not a single str"):
+        count_tokens_batch("one string", threads=threads)
+    with pytest.raises(TypeError, match="not iterable"):
+        count_tokens_batch(5, threads=threads)
+
+
+def test_bad_thread_counts_are_named():
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        count_tokens_batch(["a"], threads=0)
+    for bad in ("2", 1.5, True):
+        with pytest.raises(TypeError, match="threads must be an int or None"):
+            encode_batch(["a"], threads=bad)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_lone_surrogates_name_the_first_bad_text(texts, one_at_a_time, threads):
+    bad = list(texts)
+    bad[2000] = "北京\ud800x"     # 2-byte representation
+    bad[1500] = "😀ab\udfff"      # 4-byte representation
+    with pytest.raises(ValueError, match=r"texts\[1500\] contains a lone surrogate at index 3 \(U\+DFFF\)"):
+        count_tokens_batch(bad, threads=threads)
+    with pytest.raises(ValueError, match=r"texts\[1500\] contains a lone surrogate"):
+        encode_batch(bad, threads=threads)
+    assert count_tokens_batch(texts, threads=threads) == one_at_a_time[0]  # nothing left behind
+    with pytest.raises(ValueError, match=r"text contains a lone surrogate at index 2 \(U\+D800\)"):
+        count_tokens("北京\ud800x")
+
+
+def test_the_gil_is_released_while_threads_count(texts):
+    """With a two-second switch interval, a batch holding the GIL (as threads=1 does, like count_tokens) would keep
+    this thread from waking up until it ends; with threads=2 it wakes up every half millisecond meanwhile."""
+    long_batch = texts * 2
+    started, done = threading.Event(), threading.Event()
+
+    def work():
+        started.set()
+        count_tokens_batch(long_batch, threads=2)
+        done.set()
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(2.0)
+    wakeups = 0
+    try:
+        th = threading.Thread(target=work)
+        th.start()
+        started.wait(60)
+        while not done.is_set():
+            time.sleep(0.0005)
+            wakeups += 1
+        th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert wakeups >= 50, wakeups
+
+
+def test_concurrent_callers_share_one_tokenizer(texts, one_at_a_time):
+    calc = qc.default_calculator()
+    results, errors = {}, []
+
+    def caller(k):
+        try:
+            results[k] = calc.count_tokens_batch(texts, threads=2)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    ths = [threading.Thread(target=caller, args=(k,)) for k in range(3)]
+    for th in ths:
+        th.start()
+    singles = [calc.count_tokens(t) for t in texts[:300]]  # the engine itself, meanwhile
+    for th in ths:
+        th.join()
+    assert not errors and all(results[k] == one_at_a_time[0] for k in range(3))
+    assert singles == one_at_a_time[0][:300]
+
+
+def _child(conn, texts):
+    conn.send(count_tokens_batch(texts, threads=2))
+    conn.close()
+
+
+def test_a_forked_child_counts_with_threads_too(texts, one_at_a_time):
+    count_tokens_batch(texts, threads=2)  # the parent's pool exists; the child gets a copy without threads
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_child, args=(child, texts))
+    p.start()
+    assert parent.poll(120), "forked child did not answer"
+    assert parent.recv() == one_at_a_time[0]
+    p.join(30)
+    assert p.exitcode == 0
