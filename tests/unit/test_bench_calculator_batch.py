@@ -1,0 +1,48 @@
+"""The calculator benchmark's batch section (benchmarks/bench_calculator.py): its workloads, its measurement (real
+threads, every result checked against one call per text) and how the report judges the target."""
+import random
+
+from benchmarks import bench_calculator as bench
+
+
+def _corpus():
+    rnd = random.Random(7)
+    words = ["alpha", " beta", " 北京", "财报", " def f():", "\n", "😀", " café"]
+    doc = lambda n: "".join(rnd.choice(words) for _ in range(n))  # noqa: E731
+    return {"slices": {"chat": [doc(rnd.randint(1, 40)) for _ in range(3000)],
+                       "mixed": [doc(rnd.randint(200, 800)) for _ in range(64)]},
+            "warmup": [doc(500) for _ in range(40)]}
+
+
+def test_workloads_are_the_chat_messages_and_sixteen_long_documents():
+    corpus = _corpus()
+    w = bench.batch_inputs(corpus)
+    assert w["chat"] == corpus["slices"]["chat"]
+    assert len(w["docs"]) == bench.BATCH_DOCS and "\n".join(w["docs"]) == "\n".join(corpus["slices"]["mixed"])
+
+
+def test_the_batch_worker_checks_every_result_and_the_report_judges_the_target(monkeypatch):
+    monkeypatch.setattr(bench, "BATCH_ROUNDS", 2)
+    out = bench.batch_worker(_corpus(), "")
+    assert out["threads"] >= 1 and out["rounds"] == 2
+    for w in out["workloads"].values():
+        for fn in ("count_tokens_batch", "encode_batch"):
+            for state in ("first_pass", "warm"):
+                r = w[fn][state]
+                assert r["identical"] is True and len(r["speedups"]) == 2 and r["speedup_median"] > 0
+    summary = {bench.HEADLINE: {}, "tiktoken": {}}
+    corpus = {"stats": {sl: {"docs": 0, "bytes": 0, "chars": 0, "cjk_char_share": 0, "by_kind": {}, "mix": {}}
+                        for sl in bench.SLICES}, "makeup": {}, "notes": [], "warnings": [], "recipe": "r", "seed": 1,
+              "sha256": "x"}
+    meta = {"cpu": 0, "python": "3", "quick": True, "trials": 1, "clock": "cpu", "loadavg_start": "", "loadavg": ""}
+    text, extra = bench.report(corpus, summary, {}, {}, meta, out)
+    assert "Batch calls over threads" in text
+    rows = {t["target"].split(" (")[0]: t for t in extra["targets"]}
+    speedup = next(t for name, t in rows.items() if "count_tokens_batch throughput" in name)
+    if out["threads"] > 1:
+        medians = [w["count_tokens_batch"][s]["speedup_median"] for w in out["workloads"].values()
+                   for s in ("first_pass", "warm")]
+        assert speedup["pass"] is (min(medians) >= bench.TARGETS["batch_speedup"])
+    else:
+        assert speedup["pass"] is None
+    assert rows["batch results identical to one call per text, in order"]["pass"] is True
