@@ -48,6 +48,7 @@ import platform
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -498,6 +499,33 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
     return (time.process_time() - started) * 1000 / n
 
 
+def cpu_only(args) -> int:
+    """The in-process figures alone, each measured --cpu-repeats times (alternating), median and range."""
+    import qwen_v3_calculator
+
+    plain, busy = [], []
+    for _ in range(max(1, args.cpu_repeats)):
+        plain.append(gateway_cpu_ms_per_request())
+        if args.history:
+            busy.append(gateway_cpu_ms_per_request(history=args.history))
+    med = lambda v: statistics.median(v) if v else None  # noqa: E731
+    report = {"gateway_cpu_ms_per_request": med(plain), "runs": plain,
+              "gateway_cpu_ms_per_request_with_history": med(busy), "runs_with_history": busy,
+              "history_requests": args.history, "requests_per_run": 500,
+              "calculator": {"version": qwen_v3_calculator.__version__, "module": qwen_v3_calculator.__file__},
+              "commit": git_commit(), "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])}
+    print(f"gateway CPU per request, in-process with real keys/limiter/SQLite and no engine: median "
+          f"{report['gateway_cpu_ms_per_request']:.3f} ms of {len(plain)} runs ({min(plain):.3f}-{max(plain):.3f})"
+          + (f"; with {args.history} earlier requests of the key in its windows: median {med(busy):.3f} ms "
+             f"({min(busy):.3f}-{max(busy):.3f})" if busy else ""))
+    out = args.output or os.path.join(RESULTS, "bench_gateway_cpu.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {out}")
+    return 0
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -519,6 +547,10 @@ def parse_args(argv=None):
                    help="also measure the in-process gateway CPU after this many earlier requests of the key in its "
                         "15-minute spike window (default 27000 = 30 req/s for 15 min; 0: skip)")
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--cpu-only", action="store_true",
+                   help="only the in-process CPU per request (no servers): --cpu-repeats measurements of each figure, "
+                        "median reported; writes benchmarks/results/bench_gateway_cpu.json unless --output")
+    p.add_argument("--cpu-repeats", type=int, default=5, help="measurements per figure with --cpu-only (default 5)")
     p.add_argument("--output", help="JSON path (default benchmarks/results/bench_gateway[_quick].json)")
     args = p.parse_args(argv)
     args.pairs = args.pairs or (4 if args.quick else 8)
@@ -597,6 +629,8 @@ def main(argv=None) -> int:
     out_json = args.output or os.path.join(RESULTS, f"bench_gateway{suffix}.json")
     out_png = os.path.splitext(out_json)[0] + ".png"
 
+    if args.cpu_only:
+        return cpu_only(args)
     gateway_cpu = gateway_cpu_ms_per_request()
     log(f"gateway CPU per request (in-process, no engine): {gateway_cpu:.3f} ms")
     gateway_cpu_busy = gateway_cpu_ms_per_request(history=args.history) if args.history else None
