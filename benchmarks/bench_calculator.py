@@ -1214,6 +1214,24 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
             vals[sl] = a[key] / b[key] if a.get(key) and b.get(key) else None
         ratios[impl] = vals
         L.append(f"  {impl:<21} " + " ".join(f"{_f(vals[sl], '{:.2f}x'):>7}" for sl in SLICES))
+    # the same ratios trial by trial: trial k of every implementation ran in the same rotation round, minutes
+    # apart at most, so a fast or slow stretch of the machine hits both sides; the median over the trials does
+    # not hang on one lucky process of either side (the best-of-trials ratios above do)
+    paired: dict = {}
+    L.append(f"Paired ratios: {HEADLINE} vs each, trial k against trial k (first pass; median over the trials, "
+             "min-max)")
+    for impl, row in summary.items():
+        if impl.startswith("ours.") or row.get("error"):
+            continue
+        vals = {}
+        for sl in SLICES:
+            a, b = head.get(sl, {}).get("trials_seconds") or [], row.get(sl, {}).get("trials_seconds") or []
+            per = [y / x for x, y in zip(a, b) if x and y]  # time ratio = speed ratio (same text)
+            vals[sl] = {"median": statistics.median(per), "min": min(per), "max": max(per), "n": len(per)} if per else None
+        paired[impl] = vals
+        L.append(f"  {impl:<21} " + " ".join(
+            f"{_f(vals[sl] and vals[sl]['median'], '{:.2f}x'):>7}" for sl in SLICES) + "   range " + " ".join(
+            f"{vals[sl]['min']:.1f}-{vals[sl]['max']:.1f}" if vals[sl] else "-" for sl in SLICES))
     L.append("")
     # agreement
     L.append(f"Agreement with the reference ({REFERENCE}, per document: token count; ids where the API returns ids)")
@@ -1319,7 +1337,7 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
         f'{ld.get("what") or "load"}: median {_f(lv, "{:.3f}")} s over '
         f'{ld["load_s"]["n"] if ld.get("load_s") else 0} fresh processes (import {_f(ld.get("import_s") and ld["import_s"]["median"], "{:.3f}")} s not included); '
         f'first count_tokens() incl. default Calculator: {_f(cl and cl["median"], "{:.3f}")} s')
-    return "\n".join(L), {"ratios": ratios, "targets": targets}
+    return "\n".join(L), {"ratios": ratios, "paired_ratios": paired, "targets": targets}
 
 
 def plot(summary: dict, path: str, batch: dict | None = None) -> str | None:
@@ -1400,6 +1418,8 @@ def main(argv=None) -> int:
     ap.add_argument("--_passes", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--_cpus", default="", help=argparse.SUPPRESS)
     ap.add_argument("--no-batch", action="store_true", help="skip the batch section (threads=1 vs all cores)")
+    ap.add_argument("--report-only", metavar="JSON", help="re-render the report of an earlier run's JSON (with this "
+                    "version's report: e.g. new derived figures) and write them back to it; times nothing")
     ap.add_argument("--batch-only", action="store_true", help="only the batch section (no per-implementation "
                     "trials; writes the JSON as usual)")
     args = ap.parse_args(argv)
@@ -1410,6 +1430,17 @@ def main(argv=None) -> int:
         worker(args)
         return 0
 
+    if args.report_only:
+        with open(args.report_only) as f:
+            old = json.load(f)
+        text, extra = report(old["corpus"], old["summary"], old["load_memory"], old["agreement"], old["meta"],
+                             old.get("batch"))
+        print(text)
+        old.update(extra)
+        with open(args.report_only, "w") as f:
+            json.dump(old, f, indent=1, default=str)
+        print(f"\nrewrote the derived figures of {args.report_only}")
+        return 0
     t_start = time.perf_counter()
     size = args.size_mb if args.size_mb is not None else (0.3 if args.quick else 4.0)
     n_chat = args.chat if args.chat is not None else (1500 if args.quick else 10000)
