@@ -178,13 +178,35 @@ class Tokenizer:
                 f"added_tokens={len(self.added_tokens)})")
 
 
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> int | None:
+    """The container's CPU quota in whole cores, rounded up (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), or
+    None without one: a pod limited to 2 CPUs on a 64-core node must not start 64 counting threads."""
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            with open(os.path.join(root, quota_file)) as fh:
+                fields = fh.read().split()
+            if period_file is not None:
+                with open(os.path.join(root, period_file)) as fh:
+                    fields = fields[:1] + fh.read().split()[:1]
+            quota, period = fields[0], int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if quota == "max" or int(quota) <= 0 or period <= 0:
+            return None
+        return max(1, -(-int(quota) // period))
+    return None
+
+
 def resolve_threads(threads: int | None) -> int:
-    """``threads`` for the batch calls: None -> the CPU cores this process may run on."""
+    """``threads`` for the batch calls: None -> the CPU cores this process may run on (its CPU affinity, capped
+    by the container's CPU quota)."""
     if threads is None:
         try:
-            return max(1, len(os.sched_getaffinity(0)))
+            cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):  # pragma: no cover - platforms without sched_getaffinity
-            return max(1, os.cpu_count() or 1)
+            cores = os.cpu_count() or 1
+        limit = cgroup_cpu_limit()
+        return max(1, min(cores, limit) if limit else cores)
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int or None, not {type(threads).__name__}")
     if threads < 1:

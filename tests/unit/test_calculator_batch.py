@@ -11,7 +11,7 @@ import pytest
 
 import qwen_v3_calculator as qc
 from qwen_v3_calculator import Calculator, count_tokens, count_tokens_batch, encode, encode_batch
-from qwen_v3_calculator.tokenizer import Tokenizer, resolve_threads
+from qwen_v3_calculator.tokenizer import Tokenizer, cgroup_cpu_limit, resolve_threads
 
 MIN_PARALLEL = 65536  # code points (_core.pyx): smaller batches run in the calling thread
 
@@ -56,10 +56,32 @@ def test_batches_equal_one_at_a_time_in_order(texts, one_at_a_time, threads):
 
 
 def test_default_threads_are_the_cores_this_process_may_use(texts, one_at_a_time):
-    assert resolve_threads(None) == len(os.sched_getaffinity(0))
+    limit = cgroup_cpu_limit()
+    cores = len(os.sched_getaffinity(0))
+    assert resolve_threads(None) == (min(cores, limit) if limit else cores)
     assert count_tokens_batch(texts) == one_at_a_time[0]
     assert Calculator().count_tokens_batch(tuple(texts)) == one_at_a_time[0]  # any sequence, any calculator
     assert Tokenizer.bundled().encode_batch(iter(texts[:50]), threads=2) == one_at_a_time[1][:50]
+
+
+def test_a_container_cpu_quota_caps_the_default(tmp_path, monkeypatch):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_limit(str(v2)) == 2                  # 1.5 CPUs -> 2 threads
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(str(v2)) is None               # no quota
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_limit(str(v1)) == 1
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_limit(str(v1)) is None
+    assert cgroup_cpu_limit(str(tmp_path / "absent")) is None
+    import qwen_v3_calculator.tokenizer as tk
+    monkeypatch.setattr(tk, "cgroup_cpu_limit", lambda: 1)
+    assert resolve_threads(None) == 1
 
 
 def test_small_and_empty_batches(texts, one_at_a_time):
