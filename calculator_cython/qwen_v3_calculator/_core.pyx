@@ -1999,9 +1999,10 @@ cdef class Engine:
         With threads <= 1, or a batch too small to be worth a thread (MIN_PARALLEL code points), this engine
         runs it in the calling thread, holding the GIL like ``count``. Otherwise ``threads`` helper engines
         (clones: shared vocabulary, own caches, kept for later batches) drain it together, the calling
-        thread being one of them, without the GIL; texts are taken longest first, one at a time, so the
-        threads finish together. Results do not depend on the number of threads: each text is tokenized
-        whole by one engine. A second batch on the same engine waits for the first."""
+        thread being one of them, without the GIL, taking runs of consecutive texts (longest texts first when
+        a few of them are a large part of the work) so that the threads finish together. Results do not
+        depend on the number of threads: each text is tokenized whole by one engine with this engine's
+        options and added tokens. A second batch on the same engine waits for the first."""
         cdef list workers
         cdef Engine w
         cdef Py_ssize_t k, i, first = -1, pos = 0
@@ -2026,6 +2027,11 @@ cdef class Engine:
                 workers = self.helpers[:threads]
                 for w in workers:
                     w.nout = 0
+                    w.rule = self.rule            # options set on this engine after its helpers were made
+                    w.nfc = self.nfc
+                    w.premerge = self.premerge
+                    if w.added_list != self.added_list:
+                        w.set_added_tokens(self.added_list or [])
                 if b.longest * threads * 16 > b.units:
                     b.longest_first()   # some text is a large part of a worker's share: longest first
                 # chunks of consecutive positions: few atomic operations, and each worker writes its own

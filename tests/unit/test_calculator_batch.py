@@ -187,3 +187,12 @@ def test_a_forked_child_counts_with_threads_too(texts, one_at_a_time):
     assert parent.recv() == one_at_a_time[0]
     p.join(30)
     assert p.exitcode == 0
+
+
+def test_helpers_follow_the_engines_options_and_added_tokens():
+    tok = Tokenizer.bundled()
+    texts = ["hello <|im_end|> 北京 café"] * 8000
+    with_added = tok.count_batch(texts, threads=2)       # creates the helper engines
+    tok._engine.set_added_tokens([])                     # then the engine changes
+    assert tok.count_batch(texts, threads=2) == tok.count_batch(texts, threads=1) == [tok.count(texts[0])] * 8000
+    assert tok.count(texts[0]) > with_added[0]           # "<|im_end|>" is plain text now
