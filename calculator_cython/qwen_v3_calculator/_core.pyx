@@ -157,6 +157,9 @@ def init_unicode_tables(dict data):
         cls[c] |= F_UNSAFE
     for c in range(TBASE + 1, TBASE + TCOUNT):
         cls[c] |= F_UNSAFE
+    for c in range(0x4000, 0xA000):   # _needs_nfc skips these three-byte sequences unread
+        if cls[c] & F_UNSAFE:
+            raise ValueError(f"U+{c:04X} is not NFC-safe in these tables; _needs_nfc assumes U+4000..U+9FFF are")
     CLS = cls
     CCC = ccc
     _tables_ready = True
@@ -245,6 +248,9 @@ cdef inline bint _needs_nfc(const uint8_t* s, Py_ssize_t n) noexcept nogil:
                 continue
         if s[i] < 0xCC:      # ASCII, continuation bytes, and lead bytes of U+0080..U+02FF (all NFC-safe)
             i += 1
+            continue
+        if 0xE4 <= s[i] <= 0xE9:    # U+4000..U+9FFF (CJK ideographs): all NFC-safe (init_unicode_tables checks)
+            i += 3
             continue
         c = _dec(s, i, &ln)
         if CLS[c] & F_UNSAFE:
