@@ -436,6 +436,16 @@ cdef inline uint64_t _hpair(uint64_t key) noexcept nogil:
     return key ^ (key >> 29)
 
 
+cdef inline uint64_t _bloom_bit(uint64_t hh) noexcept nogil:
+    """The merge filter's bit for a pair of hash hh = _hpair(key) (bits independent of the table slot's)."""
+    return (hh >> 19) & ((1 << PBLOOM_BITS) - 1)
+
+
+cdef inline uint64_t _pcache_slot(uint64_t hh) noexcept nogil:
+    """The pair cache's slot for a pair of hash hh = _hpair(key)."""
+    return (hh >> 40) & ((1 << PCACHE_BITS) - 1)
+
+
 cdef inline uint64_t _pairkey(int32_t a, int32_t b) noexcept nogil:
     return ((<uint64_t> <uint32_t> a) << PAIR_ID_BITS) | <uint32_t> b
 
@@ -668,15 +678,15 @@ cdef class Engine:
             slot = (slot + 1) & self.pmask
         self.ptab[slot] = (key << PAIR_RANK_BITS) | <uint32_t> rank
         self.mnew[rank] = new_id
-        slot = (_hpair(key) >> 19) & ((1 << PBLOOM_BITS) - 1)
+        slot = _bloom_bit(_hpair(key))
         self.pbloom[slot >> 6] |= 1ULL << (slot & 63)
-        self.pcache[(_hpair(key) >> 40) & ((1 << PCACHE_BITS) - 1)] = UINT64_MAX
+        self.pcache[_pcache_slot(_hpair(key))] = UINT64_MAX
 
     cdef inline void _pprefetch(self, int32_t a, int32_t b) noexcept nogil:
         cdef uint64_t key = _pairkey(a, b)
         cdef uint64_t hh = _hpair(key)
-        cdef uint64_t bit = (hh >> 19) & ((1 << PBLOOM_BITS) - 1)
-        if ((self.pcache[(hh >> 40) & ((1 << PCACHE_BITS) - 1)] >> PAIR_RANK_BITS) != key
+        cdef uint64_t bit = _bloom_bit(hh)
+        if ((self.pcache[_pcache_slot(hh)] >> PAIR_RANK_BITS) != key
                 and (self.pbloom[bit >> 6] >> (bit & 63)) & 1):
             QV3_PREFETCH(&self.ptab[hh & self.pmask])
 
@@ -686,11 +696,11 @@ cdef class Engine:
         sub-words meet again and again), else from the merge table, and is remembered either way."""
         cdef uint64_t key = _pairkey(a, b)
         cdef uint64_t hh = _hpair(key)
-        cdef uint64_t* pc = &self.pcache[(hh >> 40) & ((1 << PCACHE_BITS) - 1)]
+        cdef uint64_t* pc = &self.pcache[_pcache_slot(hh)]
         cdef uint64_t slot, e
         cdef uint32_t r
         if (pc[0] >> PAIR_RANK_BITS) != key:
-            slot = (hh >> 19) & ((1 << PBLOOM_BITS) - 1)
+            slot = _bloom_bit(hh)
             e = UINT64_MAX                           # no merge, unless the filter and then the table say so
             if (self.pbloom[slot >> 6] >> (slot & 63)) & 1:
                 slot = hh & self.pmask
