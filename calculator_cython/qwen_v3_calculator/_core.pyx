@@ -24,10 +24,34 @@ cdef extern from "Python.h":
 cdef extern from *:
     """
     #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #include <string.h>
+    /* Length of the run of ASCII letters [A-Za-z] at s[0:n], eight bytes per step: a byte is a letter when
+       its high bit is clear and (byte | 0x20) is in 0x61..0x7A (no carry crosses a byte: (b & 0x7F) + 0x1F
+       <= 0x9E). Little-endian only (the first byte is the lowest); elsewhere 0, and the caller's byte loop
+       does all the work. */
+    static inline Py_ssize_t qv3_ascii_letters(const unsigned char* s, Py_ssize_t n) {
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        const unsigned long long H = 0x8080808080808080ULL, L7 = 0x7F7F7F7F7F7F7F7FULL;
+        Py_ssize_t j = 0;
+        unsigned long long x, y, bad;
+        while (j + 8 <= n) {
+            memcpy(&x, s + j, 8);
+            y = (x | 0x2020202020202020ULL) & L7;
+            bad = ~(((y + 0x1F1F1F1F1F1F1F1FULL) & ~(y + 0x0505050505050505ULL) & ~x) & H) & H;
+            if (bad) return j + (__builtin_ctzll(bad) >> 3);
+            j += 8;
+        }
+        return j;
+    #else
+        (void) s; (void) n;
+        return 0;
+    #endif
+    }
     static inline Py_ssize_t qv3_next(Py_ssize_t* p) { return __atomic_fetch_add(p, 1, __ATOMIC_RELAXED); }
     """
     void QV3_PREFETCH(const void* p) noexcept nogil
     Py_ssize_t qv3_next(Py_ssize_t* p) noexcept nogil   # atomic fetch-and-increment (GCC/Clang builtin)
+    Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
 
 from libc.stdlib cimport qsort
 
@@ -509,6 +533,7 @@ cdef class Engine:
     cdef const uint8_t* pq_p[PIPE]  # the piece pipeline (_queue/_flush): start, length, cache hash
     cdef int32_t pq_n[PIPE]
     cdef uint64_t pq_h[PIPE]
+    cdef uint64_t pq_w[3 * PIPE]     # its bytes as _load3 words (2 <= length <= CACHE_KEY)
     cdef int npq
     cdef int32_t* hsym            # scratch of the heap merge loop (4 * hcap int32 + 3 * hcap uint64)
     cdef uint64_t* hheap
@@ -1501,10 +1526,14 @@ cdef class Engine:
         whose cache sets are prefetched as they enter it: the scanner's work on the next pieces overlaps the
         memory latency of the cache probes (one cache miss per piece dominated the time otherwise). Output
         order is the pieces' order: the queue is flushed before the scanner returns."""
-        cdef uint64_t w[3]
+        cdef uint64_t* w
         cdef uint64_t h = 0
         cdef const CacheEnt* ce
+        if n == 1 and self.counting:   # one byte, one token: nothing to look up, and order does not matter
+            self.counted += 1
+            return 0
         if 2 <= n <= CACHE_KEY:
+            w = &self.pq_w[3 * self.npq]
             _load3(p, n, w)
             h = _hwords(w, n)
             ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
@@ -1523,20 +1552,18 @@ cdef class Engine:
         cdef int k, n = self.npq
         self.npq = 0
         for k in range(n):
-            self._piece(self.pq_p[k], self.pq_n[k], self.pq_h[k])
+            self._piece(self.pq_p[k], self.pq_n[k], self.pq_h[k], &self.pq_w[3 * k])
         return 0
 
-    cdef int _piece(self, const uint8_t* p, Py_ssize_t n, uint64_t h) except -1 nogil:
-        """Emit the tokens of one piece (h: its cache hash when 2 <= n <= CACHE_KEY)."""
+    cdef int _piece(self, const uint8_t* p, Py_ssize_t n, uint64_t h, const uint64_t* w) except -1 nogil:
+        """Emit the tokens of one piece (h, w: its cache hash and _load3 words when 2 <= n <= CACHE_KEY)."""
         cdef int32_t t
-        cdef uint64_t w[3]
         cdef CacheEnt* ce
         cdef Py_ssize_t m
         if n == 1:
             return self._emit1(self.byte_id[p[0]])
         ce = NULL
         if n <= CACHE_KEY:
-            _load3(p, n, w)
             ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
             if not (ce.klen == n and ce.w[0] == w[0] and ce.w[1] == w[1] and ce.w[2] == w[2]):
                 ce += 1
@@ -1628,6 +1655,12 @@ cdef class Engine:
                     j = i + l0
             if j >= 0:
                 while j < n:
+                    if s[j] < 0x80:      # ASCII: whole runs of ASCII letters at once, no decoding
+                        if not (cls[s[j]] & LET):
+                            break
+                        j += 1
+                        j += qv3_ascii_letters(s + j, n - j)
+                        continue
                     c1 = _dec(s, j, &l1)
                     if not (cls[c1] & LET):
                         break
@@ -2187,3 +2220,8 @@ def _surrogate_error(str text, Py_ssize_t pos, Py_ssize_t index):
     return ValueError(f"{name} contains a lone surrogate at index {pos} (U+{ord(text[pos]):04X}), which is not "
                       "valid Unicode and cannot be tokenized (the reference tokenizer rejects it too); "
                       "encode/decode the text with errors='replace' first")
+
+
+def _ascii_letter_run(bytes data):
+    """qv3_ascii_letters over data (for tests): the scanner's 8-bytes-at-a-time step."""
+    return qv3_ascii_letters(<const uint8_t*> data, len(data))

@@ -5,6 +5,7 @@ for the Qwen3.5 split rule, a copy of it with the Qwen3.5 pre-tokenizer regex.
 """
 import json
 import random
+import re
 import unicodedata
 
 import pytest
@@ -158,6 +159,35 @@ def test_whitespace_digits_contractions(pairs, rule):
             texts += [f"it'{v}", f"it'{v}x", f"'{v}", f" '{v}", f"x '{v} y", f"''{v}", f"'{v}'{v}", f"1'{v}"]
     texts += ["it\u2019s", "'\u017f", "'\u017ft", "I'M", "we'Ll", "'LL", "'lL", "'Re", "'rE", "'VE", "'D",
               "'\u212a", "'", "''", "' ", "'\n"]
+    assert_same(pairs[rule], texts)
+
+
+def test_ascii_letter_step_agrees_with_the_letter_class_for_every_byte():
+    """The 8-byte step returns the run of [A-Za-z] at the start, or the last whole 8-byte window it checked."""
+    from qwen_v3_calculator import _core
+
+    for v in range(256):
+        for k in range(18):
+            for tail in (0, 1, 7, 8, 20):
+                data = b"qZ" * 9
+                data = data[:k] + bytes([v]) + b"mK" * tail
+                run = len(re.match(rb"[A-Za-z]*", data).group())
+                assert _core._ascii_letter_run(data) == min(run, len(data) - len(data) % 8), (v, k, tail)
+
+
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled"])
+def test_ascii_letter_runs_at_every_length_and_boundary(pairs, rule):
+    """The scanner reads runs of ASCII letters eight bytes at a time: every run length around the 8-byte steps,
+    ended by every ASCII byte (the range edges '@' '[' '`' '{' among them), by non-ASCII letters, marks and
+    digits, at the end of the text, with and without a leading space; counting mode (count_batch in assert_same)
+    also takes one-byte pieces without the piece queue."""
+    enders = [chr(b) for b in range(128)] + ["\u00e9", "\u0301", "\u4e2d", "\u0660", "\u00a0", "\U0001f642", ""]
+    texts = []
+    for n in (1, 2, 7, 8, 9, 15, 16, 17, 24, 25):
+        word = "".join("abcXYZqwertyMNOpz"[(i * 5) % 17] for i in range(n))
+        # ended inside an 8-byte window (text follows) and at the end of the text
+        texts += [f"{word}{e}" for e in enders] + [f" {word}{e}x{e}yz{e} and more" for e in enders]
+    texts += ["a" * 33 + "\u00e9" + "b" * 9 + "1", "Zz" * 20 + "@[`{" * 3, "x\u00e9" * 40, "@" * 17 + "a" * 17]
     assert_same(pairs[rule], texts)
 
 
