@@ -29,6 +29,23 @@ cdef extern from *:
        its high bit is clear and (byte | 0x20) is in 0x61..0x7A (no carry crosses a byte: (b & 0x7F) + 0x1F
        <= 0x9E). Little-endian only (the first byte is the lowest); elsewhere 0, and the caller's byte loop
        does all the work. */
+    /* _load3 of 2..8 bytes at p in one unaligned read, when 8 bytes may be read at p (end: the end of the
+       buffer). Same words as _load3 (zero-padded little-endian); little-endian only. Returns 0 when it cannot. */
+    static inline int qv3_load_short(const unsigned char* p, Py_ssize_t n, const unsigned char* end,
+                                     unsigned long long* w) {
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        unsigned long long a;
+        if (n <= 8 && end - p >= 8) {
+            memcpy(&a, p, 8);
+            w[0] = a & (~0ULL >> (64 - 8 * n));
+            w[1] = 0;
+            w[2] = 0;
+            return 1;
+        }
+    #endif
+        (void) p; (void) n; (void) end; (void) w;
+        return 0;
+    }
     static inline Py_ssize_t qv3_ascii_letters(const unsigned char* s, Py_ssize_t n) {
     #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         const unsigned long long H = 0x8080808080808080ULL, L7 = 0x7F7F7F7F7F7F7F7FULL;
@@ -52,6 +69,7 @@ cdef extern from *:
     void QV3_PREFETCH(const void* p) noexcept nogil
     Py_ssize_t qv3_next(Py_ssize_t* p) noexcept nogil   # atomic fetch-and-increment (GCC/Clang builtin)
     Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
+    int qv3_load_short(const uint8_t* p, Py_ssize_t n, const uint8_t* end, uint64_t* w) noexcept nogil
 
 from libc.stdlib cimport qsort
 
@@ -403,11 +421,14 @@ cdef inline int _u8len(uint8_t b) noexcept nogil:
 
 
 cdef inline uint32_t _pack(const uint8_t* p, int n) noexcept nogil:
-    """Up to 4 bytes as a little-endian integer."""
-    cdef uint32_t v = 0
-    cdef int k
-    for k in range(n):
-        v |= (<uint32_t> p[k]) << (8 * k)
+    """1 to 4 bytes as a little-endian integer (unrolled: n is nearly always the same, 3, in CJK text)."""
+    cdef uint32_t v = p[0]
+    if n > 1:
+        v |= (<uint32_t> p[1]) << 8
+        if n > 2:
+            v |= (<uint32_t> p[2]) << 16
+            if n > 3:
+                v |= (<uint32_t> p[3]) << 24
     return v
 
 
@@ -535,6 +556,7 @@ cdef class Engine:
     cdef uint64_t pq_h[PIPE]
     cdef uint64_t pq_w[3 * PIPE]     # its bytes as _load3 words (2 <= length <= CACHE_KEY)
     cdef int npq
+    cdef const uint8_t* seg_end   # end of the segment _scan reads (bounds the 8-byte reads of qv3_load_short)
     cdef int32_t* hsym            # scratch of the heap merge loop (4 * hcap int32 + 3 * hcap uint64)
     cdef uint64_t* hheap
     cdef Py_ssize_t hcap
@@ -1534,7 +1556,8 @@ cdef class Engine:
             return 0
         if 2 <= n <= CACHE_KEY:
             w = &self.pq_w[3 * self.npq]
-            _load3(p, n, w)
+            if not qv3_load_short(p, n, self.seg_end, w):
+                _load3(p, n, w)
             h = _hwords(w, n)
             ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
             QV3_PREFETCH(ce)
@@ -1555,7 +1578,7 @@ cdef class Engine:
             self._piece(self.pq_p[k], self.pq_n[k], self.pq_h[k], &self.pq_w[3 * k])
         return 0
 
-    cdef int _piece(self, const uint8_t* p, Py_ssize_t n, uint64_t h, const uint64_t* w) except -1 nogil:
+    cdef inline int _piece(self, const uint8_t* p, Py_ssize_t n, uint64_t h, const uint64_t* w) except -1 nogil:
         """Emit the tokens of one piece (h, w: its cache hash and _load3 words when 2 <= n <= CACHE_KEY)."""
         cdef int32_t t
         cdef CacheEnt* ce
@@ -1625,6 +1648,7 @@ cdef class Engine:
         cdef uint32_t c0, c1, c2
         cdef uint8_t f0, f1, letter, l_2
         cdef uint8_t LET = (F_L | F_M) if self.rule == 1 else F_L
+        self.seg_end = s + n
         cdef uint8_t NOTP = F_WS | F_L | F_N | (F_M if self.rule == 1 else 0)
         cdef uint8_t* cls = CLS
         while i < n:
