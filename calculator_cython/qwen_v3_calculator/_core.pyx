@@ -199,9 +199,9 @@ def init_unicode_tables(dict data):
         cls[c] |= F_UNSAFE
     for c in range(TBASE + 1, TBASE + TCOUNT):
         cls[c] |= F_UNSAFE
-    for c in range(0x4000, 0xA000):   # _needs_nfc skips these three-byte sequences unread
+    for c in range(0x4000, 0xA000):   # _first_unsafe skips these three-byte sequences unread
         if cls[c] & F_UNSAFE:
-            raise ValueError(f"U+{c:04X} is not NFC-safe in these tables; _needs_nfc assumes U+4000..U+9FFF are")
+            raise ValueError(f"U+{c:04X} is not NFC-safe in these tables; _first_unsafe assumes U+4000..U+9FFF are")
     CLS = cls
     CCC = ccc
     _tables_ready = True
@@ -277,7 +277,9 @@ cdef inline int64_t _compose(uint32_t a, uint32_t b) noexcept nogil:
     return -1
 
 
-cdef inline bint _needs_nfc(const uint8_t* s, Py_ssize_t n) noexcept nogil:
+cdef inline Py_ssize_t _first_unsafe(const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    """Offset of the first character of s[0:n] that is not NFC_QC=Yes with ccc 0 (F_UNSAFE), or -1. Text
+    without one is in NFC: such characters never change, combine with or reorder around others."""
     cdef Py_ssize_t i = 0
     cdef int ln
     cdef uint32_t c
@@ -296,9 +298,9 @@ cdef inline bint _needs_nfc(const uint8_t* s, Py_ssize_t n) noexcept nogil:
             continue
         c = _dec(s, i, &ln)
         if CLS[c] & F_UNSAFE:
-            return True
+            return i
         i += ln
-    return False
+    return -1
 
 
 # ---------------------------------------------------------------- C data structures of the engine
@@ -1743,8 +1745,53 @@ cdef class Engine:
         return self._flush()
 
     # ------------------------------------------------------------ NFC
-    cdef Py_ssize_t _nfc(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
-        """NFC of a UTF-8 segment into self.nbuf (reference tables); returns its length."""
+    cdef int _nbuf_reserve(self, Py_ssize_t need) except -1 nogil:
+        """Room for need bytes in self.nbuf, keeping its content."""
+        cdef Py_ssize_t cap
+        cdef uint8_t* b
+        if need <= self.ncap:
+            return 0
+        cap = max(need, self.ncap * 2)
+        b = <uint8_t*> realloc(self.nbuf, cap)
+        if b == NULL:
+            with gil:
+                raise MemoryError()
+        self.nbuf = b
+        self.ncap = cap
+        return 0
+
+    cdef Py_ssize_t _nfc(self, const uint8_t* s, Py_ssize_t n, Py_ssize_t u) except -1 nogil:
+        """NFC of a UTF-8 segment whose first F_UNSAFE character is at u, into self.nbuf; returns its length.
+        NFC(x + y) = NFC(x) + NFC(y) when y starts with a character that is NFC_QC=Yes with ccc 0 (it has
+        a normalization boundary before it), and a run of such characters is its own NFC: so only the chunks
+        from the safe character before an unsafe run to the next safe character are normalized (one
+        compatibility ideograph or accent no longer sends a whole long text through decomposition and
+        composition); the text between them is copied."""
+        cdef Py_ssize_t i = 0, o = 0, a, b
+        cdef int ln
+        while u >= 0:
+            a = i + u
+            if a > i:                       # the safe character before: the unsafe ones may combine with it
+                a -= 1
+                while a > i and (s[a] & 0xC0) == 0x80:
+                    a -= 1
+            b = i + u
+            while b < n:
+                if not (CLS[_dec(s, b, &ln)] & F_UNSAFE) and b > i + u:
+                    break
+                b += ln
+            self._nbuf_reserve(o + (a - i))
+            memcpy(self.nbuf + o, s + i, a - i)
+            o += a - i
+            o += self._nfc_span(s + a, b - a, o)
+            i = b
+            u = _first_unsafe(s + i, n - i)
+        self._nbuf_reserve(o + (n - i) + 1)
+        memcpy(self.nbuf + o, s + i, n - i)
+        return o + (n - i)
+
+    cdef Py_ssize_t _nfc_span(self, const uint8_t* s, Py_ssize_t n, Py_ssize_t at) except -1 nogil:
+        """NFC of the UTF-8 text s[0:n] (reference tables) into self.nbuf at offset at; returns its length."""
         cdef Py_ssize_t need = n * 4 + 16, i = 0, j, m = 0, k, a, b, d, x, run
         cdef int ln
         cdef uint32_t c, si, tmpc
@@ -1838,26 +1885,21 @@ cdef class Engine:
             u[k] = c
             k += 1
         # encode
-        if self.ncap < k * 4 + 4:
-            free(self.nbuf)
-            self.nbuf = <uint8_t*> malloc(k * 4 + 4)
-            if self.nbuf == NULL:
-                self.ncap = 0
-                with gil:
-                    raise MemoryError()
-            self.ncap = k * 4 + 4
-        x = 0
+        self._nbuf_reserve(at + k * 4 + 4)
+        x = at
         for i in range(k):
             x += _put_utf8(self.nbuf + x, u[i])
-        return x
+        return x - at
 
     cdef int _segment(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
-        cdef Py_ssize_t m
+        cdef Py_ssize_t m, u
         if n == 0:
             return 0
-        if self.nfc and _needs_nfc(s, n):
-            m = self._nfc(s, n)
-            return self._scan(self.nbuf, m)
+        if self.nfc:
+            u = _first_unsafe(s, n)
+            if u >= 0:
+                m = self._nfc(s, n, u)
+                return self._scan(self.nbuf, m)
         return self._scan(s, n)
 
     cdef int _run(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:

@@ -129,6 +129,25 @@ def test_non_nfc_sequences(pairs, rule):
     assert_same(pairs[rule], texts)
 
 
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled", "qwen35-raw"])
+def test_non_nfc_chunks_inside_long_text(pairs, rule):
+    """Only the chunks around characters that are not NFC-safe are normalized, the text between them copied:
+    several chunks per text, adjacent ones, one safe character apart, at the start and the end, after ASCII,
+    Latin-1, CJK and emoji neighbours (the safe character before an unsafe run may combine with it)."""
+    rng = random.Random(7)
+    safe = ["Plain text ", "中文内容", "é", "x", " ", "🙂", "\n", "abc def ", "ü", "한", "\uac00", "\u30ab", "1"]
+    texts = []
+    for t in NON_NFC:
+        for left in safe:
+            texts += [left + t, left + t + left, t + left, left * 3 + t + t + left * 2, left + t + "x" + t]
+    for _ in range(300):
+        parts = [rng.choice(safe) * rng.randint(0, 40) if rng.random() < 0.6 else rng.choice(NON_NFC)
+                 for _ in range(rng.randint(1, 12))]
+        texts.append("".join(parts))
+    texts.append("中文" * 5000 + "\uf997" + "文字" * 5000 + "e\u0301" + "end")
+    assert_same(pairs[rule], texts)
+
+
 @pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled"])
 def test_added_tokens_glued_to_marks_and_text(pairs, rule):
     toks = list(hf_export.ADDED_TOKENS["qwen3"])
