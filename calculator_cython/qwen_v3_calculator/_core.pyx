@@ -1891,24 +1891,26 @@ cdef class Engine:
             x += _put_utf8(self.nbuf + x, u[i])
         return x - at
 
-    cdef int _segment(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
+    cdef int _segment(self, const uint8_t* s, Py_ssize_t n, bint check) except -1 nogil:
+        """Normalize (when check: the text may hold a character that is not NFC-safe) and split one segment."""
         cdef Py_ssize_t m, u
         if n == 0:
             return 0
-        if self.nfc:
+        if self.nfc and check:
             u = _first_unsafe(s, n)
             if u >= 0:
                 m = self._nfc(s, n, u)
                 return self._scan(self.nbuf, m)
         return self._scan(s, n)
 
-    cdef int _run(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
-        """Tokenize UTF-8 text: split on the added tokens (leftmost-longest), then every segment."""
+    cdef int _run(self, const uint8_t* s, Py_ssize_t n, bint check) except -1 nogil:
+        """Tokenize UTF-8 text: split on the added tokens (leftmost-longest), then every segment (check: the
+        text may hold characters that are not NFC-safe; False when its encoder saw none)."""
         cdef Py_ssize_t i = 0, seg = 0, a, L
         cdef const uint8_t* hit
         cdef int best
         if self.nadd == 0:
-            return self._segment(s, n)
+            return self._segment(s, n, check)
         while i < n:
             if self.add_only >= 0:              # Qwen: every added token starts with "<"
                 hit = <const uint8_t*> memchr(s + i, self.add_only, n - i)
@@ -1927,7 +1929,7 @@ cdef class Engine:
             if best < 0:
                 i += 1
                 continue
-            self._segment(s + seg, i - seg)
+            self._segment(s + seg, i - seg, check)
             if self.counting:
                 self.counted += 1
             else:
@@ -1936,7 +1938,7 @@ cdef class Engine:
                 self.nout += 1
             i += self.add_len[best]
             seg = i
-        return self._segment(s + seg, n - seg)
+        return self._segment(s + seg, n - seg, check)
 
     cdef int _text(self, const Text* t) except -1 nogil:
         """Tokenize one text (its ids appended to the output, or counted); 1 when it holds a lone surrogate,
@@ -1947,8 +1949,9 @@ cdef class Engine:
         cdef const uint32_t* u4
         cdef const uint8_t* u1
         cdef uint8_t* o
+        cdef bint check = False     # a character that is not NFC-safe seen (none below U+0300 is)
         if t.ascii:
-            return self._run(<const uint8_t*> t.data, t.len)
+            return self._run(<const uint8_t*> t.data, t.len, False)
         need = t.len * (2 if t.kind == 1 else 3 if t.kind == 2 else 4) + 1
         if need > self.u8cap:
             free(self.u8)
@@ -1974,6 +1977,8 @@ cdef class Engine:
                 if 0xD800 <= c < 0xE000:
                     self.badpos = k
                     return 1
+                if c >= 0x300 and (c < 0x4000 or c >= 0xA000) and (CLS[c] & F_UNSAFE):   # as _first_unsafe
+                    check = True
                 m += _put_utf8(o + m, c)
         else:
             u4 = <const uint32_t*> t.data
@@ -1982,8 +1987,10 @@ cdef class Engine:
                 if 0xD800 <= c < 0xE000:
                     self.badpos = k
                     return 1
+                if c >= 0x300 and (c < 0x4000 or c >= 0xA000) and (CLS[c] & F_UNSAFE):
+                    check = True
                 m += _put_utf8(o + m, c)
-        return self._run(o, m)
+        return self._run(o, m, check)
 
     cdef int _drain(self, Batch* b, int wid) except -1 nogil:
         """Tokenize texts of the batch until none is left (any number of engines drain one batch at once)."""
