@@ -21,7 +21,7 @@ text, one call per message, reported as calls/s).
 Each implementation runs in a fresh subprocess: load, a warm-up over held-out text, then for each slice in that
 order a timed first pass (the headline figures: text this process has not seen, so no cache has seen it either;
 caches do hold what earlier slices left, as in a long-running gateway) and a repeat pass ("warm": caches have
-seen every document). This is done in ``--trials`` independent fresh processes (default 3, ``--quick`` 2) and
+seen every document). This is done in ``--trials`` independent fresh processes (default 5, ``--quick`` 2) and
 the fastest first pass is kept, to damp interference from other processes on the machine. Load time and RSS after
 load come from all those processes (fresh process, warm OS page cache); peak RSS from one more fresh process per
 implementation that counts the mixed corpus the way a gateway would (results dropped, not kept). Passes are timed
@@ -99,7 +99,7 @@ IMPLS = ("ours.count_tokens", "ours.Tokenizer.count", "ours.count_batch", "ours.
 REFERENCE = "hf.encode"
 TARGETS = {"vs_tiktoken": 5.0, "vs_hf_mixed": 15.0, "load_s": 0.3, "batch_speedup": 1.8}
 BATCH_DOCS = 16     # the batch section's long documents: the mixed corpus cut into this many
-BATCH_ROUNDS = 15   # paired rounds (one thread / all cores, alternating which goes first) per batch measurement
+BATCH_ROUNDS = 25   # paired rounds (one thread / all cores, alternating which goes first) per batch measurement
 CJK_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1400,7 +1400,7 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=2, help="timed passes per slice and process: the first over "
                     "unseen text, the rest warm (default 2)")
     ap.add_argument("--trials", type=int, default=None, help="fresh processes per implementation; the "
-                    "fastest first pass is kept (default 3; --quick 2)")
+                    "fastest first pass is kept (default 5: this shared machine has fast and slow stretches; --quick 2)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="time the passes by the process's CPU "
                     "time (default: robust to other load on a shared machine) or by wall-clock time (both are in "
                     "the JSON)")
@@ -1445,7 +1445,7 @@ def main(argv=None) -> int:
     size = args.size_mb if args.size_mb is not None else (0.3 if args.quick else 4.0)
     n_chat = args.chat if args.chat is not None else (1500 if args.quick else 10000)
     passes = max(1, args.passes)
-    trials = args.trials if args.trials is not None else (2 if args.quick else 3)
+    trials = args.trials if args.trials is not None else (2 if args.quick else 5)
     impls = [i for i in args.impls.split(",") if i]
     unknown = set(impls) - set(IMPLS)
     if unknown:
