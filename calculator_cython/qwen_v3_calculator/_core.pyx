@@ -1645,7 +1645,7 @@ cdef class Engine:
     # ------------------------------------------------------------ split scanner
     cdef int _scan(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
         """Split one normalized segment with the Qwen pre-tokenizer regex and BPE every piece."""
-        cdef Py_ssize_t i = 0, j, k, lastcr, lastch
+        cdef Py_ssize_t i = 0, j, e, lastcr, lastch
         cdef int l0, l1, l2
         cdef uint32_t c0, c1, c2
         cdef uint8_t f0, f1, letter, l_2
@@ -1653,95 +1653,88 @@ cdef class Engine:
         self.seg_end = s + n
         cdef uint8_t NOTP = F_WS | F_L | F_N | (F_M if self.rule == 1 else 0)
         cdef uint8_t* cls = CLS
-        while i < n:
+        while i < n:              # each rule finds the end e of the piece at i; one _queue call (inlined)
             c0 = _dec(s, i, &l0)
             f0 = cls[c0]
+            e = -1
             # 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
             if c0 == 0x27 and i + l0 < n:
                 c1 = _dec(s, i + l0, &l1)
                 letter = CI_LETTER[c1] if c1 < 0x180 else 0
                 if letter == 115 or letter == 116 or letter == 109 or letter == 100:   # s t m d
-                    self._queue(s + i, l0 + l1)
-                    i += l0 + l1
-                    continue
-                if letter != 0 and i + l0 + l1 < n:
+                    e = i + l0 + l1
+                elif letter != 0 and i + l0 + l1 < n:
                     c2 = _dec(s, i + l0 + l1, &l2)
                     l_2 = CI_LETTER[c2] if c2 < 0x180 else 0
                     if ((letter == 114 or letter == 118) and l_2 == 101) or (letter == 108 and l_2 == 108):
-                        self._queue(s + i, l0 + l1 + l2)
-                        i += l0 + l1 + l2
-                        continue
-            # 2. [^\r\n\p{L}\p{N}]?\p{L}+   (qwen35: [\p{L}\p{M}]+)
-            j = -1
-            if f0 & LET:
-                j = i
-            elif not (f0 & (F_L | F_N | F_CRLF)) and i + l0 < n:
-                c1 = _dec(s, i + l0, &l1)
-                if cls[c1] & LET:
-                    j = i + l0
-            if j >= 0:
-                while j < n:
-                    if s[j] < 0x80:      # ASCII: whole runs of ASCII letters at once, no decoding
-                        if not (cls[s[j]] & LET):
+                        e = i + l0 + l1 + l2
+            if e < 0:
+                # 2. [^\r\n\p{L}\p{N}]?\p{L}+   (qwen35: [\p{L}\p{M}]+)
+                j = -1
+                if f0 & LET:
+                    j = i
+                elif not (f0 & (F_L | F_N | F_CRLF)) and i + l0 < n:
+                    c1 = _dec(s, i + l0, &l1)
+                    if cls[c1] & LET:
+                        j = i + l0
+                if j >= 0:
+                    while j < n:
+                        if s[j] < 0x80:      # ASCII: whole runs of ASCII letters at once, no decoding
+                            if not (cls[s[j]] & LET):
+                                break
+                            j += 1
+                            j += qv3_ascii_letters(s + j, n - j)
+                            continue
+                        c1 = _dec(s, j, &l1)
+                        if not (cls[c1] & LET):
                             break
-                        j += 1
-                        j += qv3_ascii_letters(s + j, n - j)
-                        continue
-                    c1 = _dec(s, j, &l1)
-                    if not (cls[c1] & LET):
-                        break
-                    if l1 > 1 and c1 < 0x10000 and self.cbmp != NULL:
-                        QV3_PREFETCH(&self.cbmp[c1])    # for _syms, a few pieces later
-                    j += l1
-                self._queue(s + i, j - i)
-                i = j
-                continue
-            # 3. \p{N}
-            if f0 & F_N:
-                self._queue(s + i, l0)
-                i += l0
-                continue
-            # 4. ' ?[^\s\p{L}\p{N}]+[\r\n]*'
-            j = -1
-            if not (f0 & NOTP):
-                j = i
-            elif c0 == 0x20 and i + 1 < n:
-                c1 = _dec(s, i + 1, &l1)
-                if not (cls[c1] & NOTP):
-                    j = i + 1
-            if j >= 0:
-                while j < n:
-                    c1 = _dec(s, j, &l1)
-                    if cls[c1] & NOTP:
-                        break
-                    j += l1
-                while j < n and (s[j] == 10 or s[j] == 13):
-                    j += 1
-                self._queue(s + i, j - i)
-                i = j
-                continue
-            # whitespace: 5. \s*[\r\n]+   6. \s+(?!\S)   7. \s+
-            j = i
-            lastcr = -1
-            lastch = i
-            while j < n:
-                c1 = _dec(s, j, &l1)
-                if not (cls[c1] & F_WS):
-                    break
-                if c1 == 10 or c1 == 13:
-                    lastcr = j + 1
-                lastch = j
-                j += l1
-            if lastcr >= 0:
-                k = lastcr
-            elif j >= n:
-                k = n
-            elif lastch > i:
-                k = lastch
-            else:
-                k = i + l0
-            self._queue(s + i, k - i)
-            i = k
+                        if l1 > 1 and c1 < 0x10000 and self.cbmp != NULL:
+                            QV3_PREFETCH(&self.cbmp[c1])    # for _syms, a few pieces later
+                        j += l1
+                    e = j
+                elif f0 & F_N:
+                    # 3. \p{N}
+                    e = i + l0
+                else:
+                    # 4. ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+                    if not (f0 & NOTP):
+                        j = i
+                    elif c0 == 0x20 and i + 1 < n:
+                        c1 = _dec(s, i + 1, &l1)
+                        if not (cls[c1] & NOTP):
+                            j = i + 1
+                    if j >= 0:
+                        while j < n:
+                            c1 = _dec(s, j, &l1)
+                            if cls[c1] & NOTP:
+                                break
+                            j += l1
+                        while j < n and (s[j] == 10 or s[j] == 13):
+                            j += 1
+                        e = j
+                    else:
+                        # whitespace: 5. \s*[\r\n]+   6. \s+(?!\S)   7. \s+
+                        j = i
+                        lastcr = -1
+                        lastch = i
+                        while j < n:
+                            c1 = _dec(s, j, &l1)
+                            if not (cls[c1] & F_WS):
+                                break
+                            if c1 == 10 or c1 == 13:
+                                lastcr = j + 1
+                            lastch = j
+                            j += l1
+                        if lastcr >= 0:
+                            e = lastcr
+                        elif j >= n:
+                            e = n
+                        elif lastch > i:
+                            e = lastch
+                        else:
+                            e = i + l0
+            self._queue(s + i, e - i)
+            i = e
         return self._flush()
 
     # ------------------------------------------------------------ NFC
