@@ -1368,9 +1368,15 @@ cdef class Engine:
                 plen = 1
                 i += 1
                 continue
-            cp = _dec(p, i, &ln)
-            cb = _pack(p + i, ln)
-            ce = self._char(cp)
+            if 0xE0 <= b < 0xF0:    # three bytes (CJK): cbmp directly (_syms runs only when cbmp exists)
+                ln = 3
+                cp = ((b & 0x0F) << 12) | ((p[i + 1] & 0x3F) << 6) | (p[i + 2] & 0x3F)
+                cb = b | (<uint32_t> p[i + 1] << 8) | (<uint32_t> p[i + 2] << 16)
+                ce = &self.cbmp[cp]
+            else:
+                cp = _dec(p, i, &ln)
+                cb = _pack(p + i, ln)
+                ce = self._char(cp)
             if ce != NULL and ce.tok >= 0 and (
                     ce.risk < 0 or not self._maybe_risky(ce, pb, plen, p + i + ln, n - i - ln)
                     or not self._risky(ce.risk, pb, plen, p + i + ln, n - i - ln)):
