@@ -25,10 +25,6 @@ cdef extern from *:
     """
     #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
     #include <string.h>
-    /* Length of the run of ASCII letters [A-Za-z] at s[0:n], eight bytes per step: a byte is a letter when
-       its high bit is clear and (byte | 0x20) is in 0x61..0x7A (no carry crosses a byte: (b & 0x7F) + 0x1F
-       <= 0x9E). Little-endian only (the first byte is the lowest); elsewhere 0, and the caller's byte loop
-       does all the work. */
     /* _load3 of 2..8 bytes at p in one unaligned read, when 8 bytes may be read at p (end: the end of the
        buffer). Same words as _load3 (zero-padded little-endian); little-endian only. Returns 0 when it cannot. */
     static inline int qv3_load_short(const unsigned char* p, Py_ssize_t n, const unsigned char* end,
@@ -46,6 +42,10 @@ cdef extern from *:
         (void) p; (void) n; (void) end; (void) w;
         return 0;
     }
+    /* Length of the run of ASCII letters [A-Za-z] at s[0:n], eight bytes per step: a byte is a letter when
+       its high bit is clear and (byte | 0x20) is in 0x61..0x7A (no carry crosses a byte: (b & 0x7F) + 0x1F
+       <= 0x9E). Little-endian only (the first byte is the lowest); elsewhere 0, and the caller's byte loop
+       does all the work. */
     static inline Py_ssize_t qv3_ascii_letters(const unsigned char* s, Py_ssize_t n) {
     #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         const unsigned long long H = 0x8080808080808080ULL, L7 = 0x7F7F7F7F7F7F7F7FULL;
@@ -1656,9 +1656,9 @@ cdef class Engine:
         cdef uint32_t c0, c1, c2
         cdef uint8_t f0, f1, letter, l_2
         cdef uint8_t LET = (F_L | F_M) if self.rule == 1 else F_L
-        self.seg_end = s + n
         cdef uint8_t NOTP = F_WS | F_L | F_N | (F_M if self.rule == 1 else 0)
         cdef uint8_t* cls = CLS
+        self.seg_end = s + n
         while i < n:              # each rule finds the end e of the piece at i; one _queue call (inlined)
             c0 = _dec(s, i, &l0)
             f0 = cls[c0]
@@ -1779,7 +1779,7 @@ cdef class Engine:
                 if not (CLS[_dec(s, b, &ln)] & F_UNSAFE) and b > i + u:
                     break
                 b += ln
-            self._nbuf_reserve(o + (a - i))
+            self._nbuf_reserve(o + (a - i) + 1)
             memcpy(self.nbuf + o, s + i, a - i)
             o += a - i
             o += self._nfc_span(s + a, b - a, o)
