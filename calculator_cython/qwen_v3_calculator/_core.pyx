@@ -277,6 +277,13 @@ cdef inline int64_t _compose(uint32_t a, uint32_t b) noexcept nogil:
     return -1
 
 
+cdef inline bint _nfc_unsafe(uint32_t c) noexcept nogil:
+    """Is c not NFC-safe (F_UNSAFE: not NFC_QC=Yes, or ccc != 0)? No character below U+0300 is, nor any of
+    U+4000..U+9FFF (init_unicode_tables checks): those are decided without the table. The one predicate of the
+    encoder's flag (_text) and of _first_unsafe, which must agree."""
+    return c >= 0x300 and (c < 0x4000 or c >= 0xA000) and (CLS[c] & F_UNSAFE) != 0
+
+
 cdef inline Py_ssize_t _first_unsafe(const uint8_t* s, Py_ssize_t n) noexcept nogil:
     """Offset of the first character of s[0:n] that is not NFC_QC=Yes with ccc 0 (F_UNSAFE), or -1. Text
     without one is in NFC: such characters never change, combine with or reorder around others."""
@@ -297,7 +304,7 @@ cdef inline Py_ssize_t _first_unsafe(const uint8_t* s, Py_ssize_t n) noexcept no
             i += 3
             continue
         c = _dec(s, i, &ln)
-        if CLS[c] & F_UNSAFE:
+        if _nfc_unsafe(c):
             return i
         i += ln
     return -1
@@ -1976,7 +1983,7 @@ cdef class Engine:
                 if 0xD800 <= c < 0xE000:
                     self.badpos = k
                     return 1
-                if c >= 0x300 and (c < 0x4000 or c >= 0xA000) and (CLS[c] & F_UNSAFE):   # as _first_unsafe
+                if _nfc_unsafe(c):
                     check = True
                 m += _put_utf8(o + m, c)
         else:
@@ -1986,7 +1993,7 @@ cdef class Engine:
                 if 0xD800 <= c < 0xE000:
                     self.badpos = k
                     return 1
-                if c >= 0x300 and (c < 0x4000 or c >= 0xA000) and (CLS[c] & F_UNSAFE):
+                if _nfc_unsafe(c):
                     check = True
                 m += _put_utf8(o + m, c)
         return self._run(o, m, check)
