@@ -24,6 +24,7 @@ cdef extern from "Python.h":
 cdef extern from *:
     """
     #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #include <stdint.h>
     #include <string.h>
     /* _load3 of 2..8 bytes at p in one unaligned read, when 8 bytes may be read at p (end: the end of the
        buffer). Same words as _load3 (zero-padded little-endian); little-endian only. Returns 0 when it cannot. */
@@ -65,11 +66,33 @@ cdef extern from *:
     #endif
     }
     static inline Py_ssize_t qv3_next(Py_ssize_t* p) { return __atomic_fetch_add(p, 1, __ATOMIC_RELAXED); }
+    /* The piece cache's per-set sequence lock (a seqlock: readers never write, writers never wait). Even: the
+       set is stable; odd: a writer is changing it. A reader takes v = qv3_seq_begin, reads, and keeps what it
+       read only if qv3_seq_valid(v): the sequence was even and has not moved, so no write overlapped the
+       read. A writer takes the set with qv3_seq_lock (fails, and the writer skips caching, when another
+       writer holds it or it moved since v) and gives it back with qv3_seq_unlock. The fences are compiler
+       barriers on x86 (every x86 load/store is already ordered enough) and real barriers on weaker CPUs. */
+    static inline uint32_t qv3_seq_begin(const uint32_t* s) { return __atomic_load_n(s, __ATOMIC_ACQUIRE); }
+    static inline int qv3_seq_valid(const uint32_t* s, uint32_t v) {
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        return !(v & 1) && __atomic_load_n(s, __ATOMIC_RELAXED) == v;
+    }
+    static inline int qv3_seq_lock(uint32_t* s, uint32_t v) {
+        if ((v & 1) || !__atomic_compare_exchange_n(s, &v, v + 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return 0;
+        __atomic_thread_fence(__ATOMIC_RELEASE);    /* the odd sequence is visible before any data store */
+        return 1;
+    }
+    static inline void qv3_seq_unlock(uint32_t* s, uint32_t v) { __atomic_store_n(s, v + 2, __ATOMIC_RELEASE); }
     """
     void QV3_PREFETCH(const void* p) noexcept nogil
     Py_ssize_t qv3_next(Py_ssize_t* p) noexcept nogil   # atomic fetch-and-increment (GCC/Clang builtin)
     Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
     int qv3_load_short(const uint8_t* p, Py_ssize_t n, const uint8_t* end, uint64_t* w) noexcept nogil
+    uint32_t qv3_seq_begin(const uint32_t* s) noexcept nogil
+    bint qv3_seq_valid(const uint32_t* s, uint32_t v) noexcept nogil
+    bint qv3_seq_lock(uint32_t* s, uint32_t v) noexcept nogil
+    void qv3_seq_unlock(uint32_t* s, uint32_t v) noexcept nogil
 
 from libc.stdlib cimport qsort
 
@@ -114,7 +137,7 @@ DEF VT_ID = 0xFFFFF    # vocabulary table entry: token id (low 20 bits) | 12-bit
 DEF SHORT_BPE = 32     # pieces of up to this many initial symbols use the array merge loop, longer ones a heap
 DEF CACHE_BITS = 15    # piece cache: 2**15 sets of 2 ways, 64-byte entries (4 MiB, zero pages lazily)
 DEF CACHE_KEY = 24     # pieces of 2..24 bytes are cached (key = three zero-padded little-endian words)
-DEF CACHE_IDS = 9
+DEF CACHE_IDS = 8      # a CacheEnt is 64 bytes: 24 key + 32 ids + seq, klen, nids
 DEF MIN_PARALLEL = 65536  # code points: smaller batches run in the calling thread (handing work to a thread
                           # and collecting it costs tens of microseconds; below this threads did not pay)
 DEF PIPE = 16          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
@@ -311,9 +334,10 @@ cdef inline Py_ssize_t _first_unsafe(const uint8_t* s, Py_ssize_t n) noexcept no
 
 
 # ---------------------------------------------------------------- C data structures of the engine
-ctypedef struct CacheEnt:
+ctypedef struct CacheEnt:  # one way of a piece cache set (a set: two entries, the first holds the set's seq)
     uint64_t w[3]         # the piece's bytes, zero-padded little-endian words
     int32_t ids[CACHE_IDS]
+    uint32_t seq          # first entry of a set: the set's sequence lock (qv3_seq_*); unused in the second
     uint8_t klen          # 0 = empty
     uint8_t nids
     uint8_t pad[2]
@@ -548,6 +572,7 @@ cdef class Engine:
     cdef Py_ssize_t nout, outcap
     cdef bint counting
     cdef int64_t counted
+    cdef int64_t misses           # cacheable pieces (2..CACHE_KEY bytes) the piece cache did not answer
     cdef uint32_t* ubuf
     cdef Py_ssize_t ucap
     cdef uint8_t* nbuf
@@ -573,6 +598,7 @@ cdef class Engine:
 
     def __cinit__(self):
         self.ntok = 0
+        self.misses = 0
         self.arena = NULL
         self.tok_off = NULL
         self.tok_len = NULL
@@ -648,11 +674,13 @@ cdef class Engine:
         memset(self.vtab, 0xFF, cap * sizeof(uint32_t))
         return 0
 
-    cdef int _alloc_cache(self) except -1:
-        self.cache_raw = _table_alloc((2 << CACHE_BITS) * sizeof(CacheEnt))
-        if self.cache_raw == NULL:
-            raise MemoryError()
-        self.cache = <CacheEnt*> self.cache_raw
+    cdef int _alloc_cache(self, bint pieces=True) except -1:
+        """The pair cache, and the piece cache unless the engine will share another's (pieces=False)."""
+        if pieces:
+            self.cache_raw = _table_alloc((2 << CACHE_BITS) * sizeof(CacheEnt))
+            if self.cache_raw == NULL:
+                raise MemoryError()
+            self.cache = <CacheEnt*> self.cache_raw
         self.pcache = <uint64_t*> malloc((1 << PCACHE_BITS) * sizeof(uint64_t))
         if self.pcache == NULL:
             raise MemoryError()
@@ -1243,6 +1271,11 @@ cdef class Engine:
     def clone(self):
         """A new engine sharing this one's (read-only) vocabulary and merge tables, with its own copy of the
         added tokens and options, and its own cache and scratch buffers."""
+        return self._clone(False)
+
+    cdef Engine _clone(self, bint share_cache):
+        """clone(); with share_cache, the new engine uses this engine's piece cache (batch helpers: pieces
+        one thread has tokenized are hits for the others; see _piece for why sharing is safe)."""
         cdef Engine e = Engine()
         e.owns = False
         e.owner = self
@@ -1267,12 +1300,19 @@ cdef class Engine:
         e.risk_hdr = self.risk_hdr
         e.risk_ent = self.risk_ent
         e.premerge = self.premerge
-        e._alloc_cache()
+        e._alloc_cache(not share_cache)
+        if share_cache:
+            e.cache = self.cache    # owned by this engine, which the clone keeps alive (e.owner)
         e.rule = self.rule
         e.nfc = self.nfc
         if self.added_list is not None:
             e.set_added_tokens(self.added_list)
         return e
+
+    @property
+    def piece_cache_misses(self):
+        """Cacheable pieces this engine looked up in its piece cache and did not find (since it was made)."""
+        return self.misses
 
     @property
     def num_tokens(self):
@@ -1594,39 +1634,52 @@ cdef class Engine:
         return 0
 
     cdef inline int _piece(self, const uint8_t* p, Py_ssize_t n, uint64_t h, const uint64_t* w) except -1 nogil:
-        """Emit the tokens of one piece (h, w: its cache hash and _load3 words when 2 <= n <= CACHE_KEY)."""
-        cdef int32_t t
-        cdef CacheEnt* ce
-        cdef Py_ssize_t m
+        """Emit the tokens of one piece (h, w: its cache hash and _load3 words when 2 <= n <= CACHE_KEY): the
+        piece cache's hits here (inlined into _flush), the rest in _miss.
+
+        The piece cache may be shared by threads (an engine and its batch helpers run at once): a hit counts
+        only when the set's sequence shows that no write overlapped the read (qv3_seq_*), else it is a miss;
+        a miss is cached only when the set is free and unchanged since the read (_cache_put). So a result
+        never depends on what another thread did, only on the piece."""
+        cdef CacheEnt* st
+        cdef const CacheEnt* ce
+        cdef uint32_t v
+        cdef int nids
         if n == 1:
             return self._emit1(self.byte_id[p[0]])
-        ce = NULL
-        if n <= CACHE_KEY:
-            ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
+        if n > CACHE_KEY:
+            return self._miss(p, n, h, w, NULL, 1)
+        st = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
+        v = qv3_seq_begin(&st.seq)
+        ce = st
+        if not (ce.klen == n and ce.w[0] == w[0] and ce.w[1] == w[1] and ce.w[2] == w[2]):
+            ce = st + 1
             if not (ce.klen == n and ce.w[0] == w[0] and ce.w[1] == w[1] and ce.w[2] == w[2]):
-                ce += 1
-                if not (ce.klen == n and ce.w[0] == w[0] and ce.w[1] == w[1] and ce.w[2] == w[2]):
-                    ce = NULL
-            if ce != NULL:
-                if self.counting:
-                    self.counted += ce.nids
-                else:
-                    self._ensure_out(ce.nids)
-                    memcpy(self.out + self.nout, ce.ids, ce.nids * sizeof(int32_t))
-                    self.nout += ce.nids
+                return self._miss(p, n, h, w, st, v)
+        nids = ce.nids                  # <= CACHE_IDS even in a torn read: every value written is
+        if self.counting:
+            if qv3_seq_valid(&st.seq, v):
+                self.counted += nids
                 return 0
-            # miss: the set's first way becomes the new entry, its old content moves to the second way
-            ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
-            if ce.klen:
-                memcpy(ce + 1, ce, sizeof(CacheEnt))
+        else:
+            self._ensure_out(nids)
+            memcpy(self.out + self.nout, ce.ids, nids * sizeof(int32_t))
+            if qv3_seq_valid(&st.seq, v):
+                self.nout += nids
+                return 0
+        return self._miss(p, n, h, w, st, v)
+
+    cdef int _miss(self, const uint8_t* p, Py_ssize_t n, uint64_t h, const uint64_t* w, CacheEnt* st,
+                   uint32_t v) except -1 nogil:
+        """_piece for a piece of two or more bytes the cache did not answer (st: its cache set, NULL when it
+        is too long to cache; v: the set's sequence when _piece read it)."""
+        cdef int32_t t
+        cdef Py_ssize_t m
+        if st != NULL:
+            self.misses += 1
             t = self._vlookup_h(p, n, h)
             if t >= 0 and self.selfok[t]:
-                ce.w[0] = w[0]
-                ce.w[1] = w[1]
-                ce.w[2] = w[2]
-                ce.klen = <uint8_t> n
-                ce.nids = 1
-                ce.ids[0] = t
+                self._cache_put(st, v, w, n, &t, 1)
                 return self._emit1(t)
         elif n <= self.maxtok:
             t = self._vlookup(p, n)
@@ -1639,21 +1692,29 @@ cdef class Engine:
         if m < 0:
             with gil:
                 raise MemoryError()
-        if ce != NULL:
-            if m <= CACHE_IDS:
-                ce.w[0] = w[0]
-                ce.w[1] = w[1]
-                ce.w[2] = w[2]
-                ce.klen = <uint8_t> n
-                ce.nids = <uint8_t> m
-                memcpy(ce.ids, self.out + self.nout, m * sizeof(int32_t))
-            else:
-                ce.klen = 0
+        if st != NULL and m <= CACHE_IDS:
+            self._cache_put(st, v, w, n, self.out + self.nout, m)
         if self.counting:
             self.counted += m
         else:
             self.nout += m
         return 0
+
+    cdef inline void _cache_put(self, CacheEnt* st, uint32_t v, const uint64_t* w, Py_ssize_t n,
+                                const int32_t* ids, Py_ssize_t m) noexcept nogil:
+        """Cache a piece's ids (m <= CACHE_IDS) as the first entry of its set st, the old first entry moving
+        to the second way; skipped when another thread holds the set or changed it since the reader's v."""
+        if not qv3_seq_lock(&st.seq, v):
+            return
+        if st.klen:
+            memcpy(st + 1, st, sizeof(CacheEnt))    # copies the odd seq too: the second entry's is unused
+        st.w[0] = w[0]
+        st.w[1] = w[1]
+        st.w[2] = w[2]
+        st.klen = <uint8_t> n
+        st.nids = <uint8_t> m
+        memcpy(st.ids, ids, m * sizeof(int32_t))
+        qv3_seq_unlock(&st.seq, v)
 
     # ------------------------------------------------------------ split scanner
     cdef int _scan(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
@@ -2126,7 +2187,7 @@ cdef class Engine:
 
         With threads <= 1, or a batch too small to be worth a thread (MIN_PARALLEL code points), this engine
         runs it in the calling thread, holding the GIL like ``count``. Otherwise ``threads`` helper engines
-        (clones: shared vocabulary, own caches, kept for later batches) drain it together, the calling
+        (clones: shared vocabulary and piece cache, kept for later batches) drain it together, the calling
         thread being one of them, without the GIL, taking runs of consecutive texts (longest texts first when
         a few of them are a large part of the work) so that the threads finish together. Results do not
         depend on the number of threads: each text is tokenized whole by one engine with this engine's
@@ -2151,7 +2212,7 @@ cdef class Engine:
                 if self.helpers is None:
                     self.helpers = []
                 while len(self.helpers) < threads:
-                    self.helpers.append(self.clone())
+                    self.helpers.append(self._clone(True))
                 workers = self.helpers[:threads]
                 for w in workers:
                     w.nout = 0

@@ -222,7 +222,8 @@ def _bundled_engine():
 
     Note: an engine carries scratch buffers and a cache. ``count``/``encode`` hold the GIL throughout, so
     CPython threads may share an engine; the batch calls with threads > 1 release it, but run on the
-    engine's helper clones (never on the engine itself) and one batch at a time per engine.
+    engine's helper clones (never on the engine itself; they share its piece cache, which is safe for
+    concurrent readers and writers) and one batch at a time per engine.
     """
     global _BUNDLED
     if _BUNDLED is None:

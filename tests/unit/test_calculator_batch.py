@@ -196,3 +196,58 @@ def test_helpers_follow_the_engines_options_and_added_tokens():
     tok._engine.set_added_tokens([])                     # then the engine changes
     assert tok.count_batch(texts, threads=2) == tok.count_batch(texts, threads=1) == [tok.count(texts[0])] * 8000
     assert tok.count(texts[0]) > with_added[0]           # "<|im_end|>" is plain text now
+
+
+def test_batch_helpers_share_the_engines_piece_cache():
+    """The helper engines of a threaded batch use their engine's piece cache: after a batch on two threads, one
+    pass of the engine itself over the same texts finds nearly every piece cached (with caches of their own
+    it would find none of them: the engine never saw these texts)."""
+    rnd = random.Random(7)
+    words = ["".join(rnd.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rnd.randint(3, 9))) for _ in range(4000)]
+    texts = [" ".join(rnd.choice(words) for _ in range(40)) for _ in range(3000)]
+    assert sum(map(len, texts)) > MIN_PARALLEL
+    fresh = Tokenizer.bundled()
+    fresh.count_batch(texts, threads=1)
+    cold = fresh._engine.piece_cache_misses              # a cold cache misses every distinct piece once
+    fresh.count_batch(texts, threads=1)
+    floor = fresh._engine.piece_cache_misses - cold      # a warm one: pieces of more ids than an entry holds
+    assert cold - floor >= 4000
+    tok = Tokenizer.bundled()
+    engine = tok._engine
+    counts = tok.count_batch(texts, threads=2)           # the helpers tokenize every text (the engine: none)
+    before = engine.piece_cache_misses
+    assert tok.count_batch(texts, threads=1) == counts   # now the engine itself, in this thread
+    assert engine.piece_cache_misses - before <= floor + 40   # warm, but for a few pieces evicted meanwhile
+
+
+def test_a_shared_cache_under_concurrent_writers_gives_exact_results():
+    """More distinct pieces than the piece cache holds, counted by a batch on two threads (two writers into one
+    cache) while a third thread counts on the engine itself (a third writer): every result of every round equals
+    the counts of a tokenizer used by one thread only. A reader that kept a cache entry another thread was
+    rewriting would miscount."""
+    rnd = random.Random(11)
+    words = ["".join(rnd.choice("abcdefghijklmnopqrstuvwxyzäöü北京的") for _ in range(rnd.randint(2, 12)))
+             for _ in range(150_000)]
+    texts = [" ".join(rnd.choice(words) for _ in range(60)) for _ in range(4000)]
+    want = Tokenizer.bundled().count_batch(texts, threads=1)
+    tok = Tokenizer.bundled()
+    stop, errors, singles = threading.Event(), [], []
+
+    def single():
+        k = 0
+        while not stop.is_set():
+            got = tok.count(texts[k % len(texts)])
+            if got != want[k % len(texts)]:
+                errors.append((k, got))
+            singles.append(k)
+            k += 1
+
+    th = threading.Thread(target=single)
+    th.start()
+    try:
+        for _ in range(12):
+            assert tok.count_batch(texts, threads=2) == want
+    finally:
+        stop.set()
+        th.join()
+    assert not errors and singles
