@@ -84,6 +84,29 @@ cdef extern from *:
         return 1;
     }
     static inline void qv3_seq_unlock(uint32_t* s, uint32_t v) { __atomic_store_n(s, v + 2, __ATOMIC_RELEASE); }
+    /* A new list of the ids[0:n] as int objects: table[id] (a list of ints, one reference more per item) for
+       ids inside it, a new int otherwise. The list is filled in place (no None to replace, no bounds checks):
+       this is the part of encode_batch that holds the GIL. */
+    static PyObject* qv3_ids_list(const int32_t* ids, Py_ssize_t n, PyObject* table) {
+        Py_ssize_t k, size = PyList_GET_SIZE(table);
+        PyObject** tab = ((PyListObject*) table)->ob_item;
+        PyObject* res = PyList_New(n);
+        PyObject** out;
+        PyObject* o;
+        if (res == NULL) return NULL;
+        out = ((PyListObject*) res)->ob_item;
+        for (k = 0; k < n; k++) {
+            if (ids[k] >= 0 && ids[k] < size) {
+                o = tab[ids[k]];
+                Py_INCREF(o);
+            } else if ((o = PyLong_FromLong(ids[k])) == NULL) {
+                Py_DECREF(res);
+                return NULL;
+            }
+            out[k] = o;
+        }
+        return res;
+    }
     """
     void QV3_PREFETCH(const void* p) noexcept nogil
     Py_ssize_t qv3_next(Py_ssize_t* p) noexcept nogil   # atomic fetch-and-increment (GCC/Clang builtin)
@@ -93,6 +116,7 @@ cdef extern from *:
     bint qv3_seq_valid(const uint32_t* s, uint32_t v) noexcept nogil
     bint qv3_seq_lock(uint32_t* s, uint32_t v) noexcept nogil
     void qv3_seq_unlock(uint32_t* s, uint32_t v) noexcept nogil
+    list qv3_ids_list(const int32_t* ids, Py_ssize_t n, list table)
 
 from libc.stdlib cimport qsort
 
@@ -356,8 +380,9 @@ ctypedef struct Batch:     # one count_batch/encode_batch call, shared by its wo
     Py_ssize_t chunk      # positions per chunk
     bint counting
     int64_t* res          # per position in order: the text's token count (its ids' count when encoding)
-    int64_t* start        # encode: where its ids start in the output buffer of worker owner[k]
-    int32_t* owner
+    int64_t* start        # encode: where its ids start in the output buffer of the worker that ran it
+    void* lists           # encode: the result list (borrowed; _Batch holds it); the worker that runs a chunk
+    void* table           # puts the chunk's id lists into it, holding the GIL (ids -> int objects: _id_table)
     int64_t* bad          # per position: 1 + index of a lone surrogate, 0 if none
                           # (per position, not per text: each worker writes its own runs of these arrays)
 
@@ -2059,7 +2084,7 @@ cdef class Engine:
                 m += _put_utf8(o + m, c)
         return self._run(o, m, check)
 
-    cdef int _drain(self, Batch* b, int wid) except -1 nogil:
+    cdef int _drain(self, Batch* b) except -1 nogil:
         """Tokenize texts of the batch until none is left (any number of engines drain one batch at once)."""
         cdef Py_ssize_t k, k0, k1, i, st
         cdef int rc
@@ -2083,14 +2108,29 @@ cdef class Engine:
                 else:
                     b.res[k] = self.nout - st
                     b.start[k] = st
-                    b.owner[k] = wid
+            if not b.counting:
+                # this chunk's lists now, while the other threads tokenize (the GIL is needed for lists only)
+                with gil:
+                    self._lists(b, k0, k1)
+                self.nout = 0
         self.counting = False
         return 0
 
-    def _work(self, _Batch batch, int wid):
+    cdef int _lists(self, Batch* b, Py_ssize_t k0, Py_ssize_t k1) except -1:
+        """encode_batch: the id lists of positions [k0, k1), which this engine has just tokenized, into the
+        batch's result list."""
+        cdef list lists = <list> b.lists
+        cdef list table = <list> b.table
+        cdef Py_ssize_t k
+        for k in range(k0, k1):
+            if not b.bad[k]:
+                lists[b.order[k] if b.order != NULL else k] = qv3_ids_list(self.out + b.start[k], b.res[k], table)
+        return 0
+
+    def _work(self, _Batch batch):
         """One worker thread's share of a batch, without the GIL."""
         with nogil:
-            self._drain(&batch.c, wid)
+            self._drain(&batch.c)
 
     cdef void _release(self) noexcept:
         """Give back large scratch buffers after a call (a 10 MB text must not pin 40 MB per engine)."""
@@ -2108,14 +2148,7 @@ cdef class Engine:
         """The output ids [start, start + n) as a list of int. The int objects come from a table shared by the
         engine and its clones (built on the first encode: ~5 MB for Qwen's 151k tokens), so a list costs a
         reference per id instead of a new int object per id (the serial part of encode_batch)."""
-        cdef list table = self._id_table()
-        cdef Py_ssize_t k, size = len(table)
-        cdef int32_t t
-        cdef list res = [None] * n
-        for k in range(n):
-            t = self.out[start + k]
-            res[k] = table[t] if t < size else t
-        return res
+        return qv3_ids_list(self.out + start, n, self._id_table())
 
     cdef list _id_table(self):
         cdef Engine root = self
@@ -2169,91 +2202,76 @@ cdef class Engine:
     def encode_batch(self, texts, int threads=1):
         """Token ids of a sequence of str, in order (``threads`` as for count_batch)."""
         cdef _Batch b = _Batch(texts, False)
-        cdef list workers = self._batch(b, threads)
-        cdef Engine w
-        cdef list res = [None] * b.c.n
-        cdef Py_ssize_t k
-        try:
-            for k in range(b.c.n):
-                w = workers[b.c.owner[k]]
-                res[b.c.order[k] if b.c.order != NULL else k] = w._ids(b.c.start[k], b.c.res[k])
-        finally:
-            for w in workers:
-                w._release()
-        return res
+        b.table = self._id_table()
+        b.c.table = <void*> b.table
+        self._batch(b, threads)
+        return b.lists
 
-    cdef list _batch(self, _Batch b, int threads):
-        """Run a batch; returns the engines that ran it (index = Batch.owner).
+    cdef int _batch(self, _Batch b, int threads) except -1:
+        """Run a batch: b's result arrays (and, encoding, its lists) hold the results.
 
         With threads <= 1, or a batch too small to be worth a thread (MIN_PARALLEL code points), this engine
         runs it in the calling thread, holding the GIL like ``count``. Otherwise ``threads`` helper engines
         (clones: shared vocabulary and piece cache, kept for later batches) drain it together, the calling
         thread being one of them, without the GIL, taking runs of consecutive texts (longest texts first when
-        a few of them are a large part of the work) so that the threads finish together. Results do not
-        depend on the number of threads: each text is tokenized whole by one engine with this engine's
-        options and added tokens. A second batch on the same engine waits for the first."""
-        cdef list workers
+        a few of them are a large part of the work) so that the threads finish together; encoding, each
+        worker builds the lists of the run it has just tokenized, holding the GIL meanwhile (_drain). Results
+        do not depend on the number of threads: each text is tokenized whole by one engine with this
+        engine's options and added tokens. A second batch on the same engine waits for the first."""
+        cdef list workers = [self]
         cdef Engine w
         cdef Py_ssize_t k, i, first = -1, pos = 0
         threads = min(threads, b.c.n)
-        if threads <= 1 or b.units < MIN_PARALLEL:
-            workers = [self]
-            self.nout = 0
-            b.c.chunk = max(b.c.n, 1)
-            try:
-                self._drain(&b.c, 0)
-            except BaseException:
-                self._release()
-                raise
-        else:
-            if self.batch_lock is None:
-                self.batch_lock = threading.Lock()
-            with self.batch_lock:
-                if self.helpers is None:
-                    self.helpers = []
-                while len(self.helpers) < threads:
-                    self.helpers.append(self._clone(True))
-                workers = self.helpers[:threads]
-                for w in workers:
-                    w.nout = 0
-                    w.rule = self.rule            # options set on this engine after its helpers were made
-                    w.nfc = self.nfc
-                    w.premerge = self.premerge
-                    if w.added_list != self.added_list:
-                        w.set_added_tokens(self.added_list or [])
-                if b.longest * threads * 16 > b.units:
-                    b.longest_first()   # some text is a large part of a worker's share: longest first
-                # chunks of consecutive positions: few atomic operations, and each worker writes its own
-                # runs of the result arrays; small enough (1/32 of a worker's share) to end together
-                b.c.chunk = max(1, min(64, b.c.n // (32 * threads)))
-                futures = [_thread_pool(threads - 1).submit(workers[k]._work, b, k) for k in range(1, threads)]
-                errors = []
-                try:
-                    workers[0]._work(b, 0)
-                except BaseException as exc:
-                    errors.append(exc)
-                for f in futures:               # every worker is done before the batch's arrays go away
+        try:
+            if threads <= 1 or b.units < MIN_PARALLEL:
+                self.nout = 0
+                b.c.chunk = max(b.c.n, 1)
+                self._drain(&b.c)
+            else:
+                if self.batch_lock is None:
+                    self.batch_lock = threading.Lock()
+                with self.batch_lock:
+                    if self.helpers is None:
+                        self.helpers = []
+                    while len(self.helpers) < threads:
+                        self.helpers.append(self._clone(True))
+                    workers = self.helpers[:threads]
+                    for w in workers:
+                        w.nout = 0
+                        w.rule = self.rule            # options set on this engine after its helpers were made
+                        w.nfc = self.nfc
+                        w.premerge = self.premerge
+                        if w.added_list != self.added_list:
+                            w.set_added_tokens(self.added_list or [])
+                    if b.longest * threads * 16 > b.units:
+                        b.longest_first()   # some text is a large part of a worker's share: longest first
+                    # chunks of consecutive positions: few atomic operations, and each worker writes its own
+                    # runs of the result arrays; small enough (1/32 of a worker's share) to end together
+                    b.c.chunk = max(1, min(64, b.c.n // (32 * threads)))
+                    futures = [_thread_pool(threads - 1).submit(workers[k]._work, b) for k in range(1, threads)]
+                    errors = []
                     try:
-                        f.result()
+                        workers[0]._work(b)
                     except BaseException as exc:
                         errors.append(exc)
-                if errors:
-                    for w in workers:
-                        w._release()
-                    raise errors[0]
+                    for f in futures:               # every worker is done before the batch's arrays go away
+                        try:
+                            f.result()
+                        except BaseException as exc:
+                            errors.append(exc)
+                    if errors:
+                        raise errors[0]
+        finally:
+            for w in workers:
+                w._release()
         for k in range(b.c.n):           # the first text (in input order) with a lone surrogate
             i = b.c.order[k] if b.c.order != NULL else k
             if b.c.bad[k] and (first < 0 or i < first):
                 first = i
                 pos = b.c.bad[k] - 1
         if first >= 0:
-            for w in workers:
-                w._release()
             raise _surrogate_error(b.texts[first], pos, first)
-        if b.c.counting:
-            for w in workers:
-                w._release()
-        return workers
+        return 0
 
 
 _POOL = None
@@ -2308,6 +2326,8 @@ cdef class _Batch:
     cdef tuple texts
     cdef Py_ssize_t units         # code points of all texts
     cdef Py_ssize_t longest       # of the longest text
+    cdef list lists               # encode: the result (filled by the workers, see Batch.lists)
+    cdef list table               # encode: the id -> int table (kept alive while workers read it)
 
     def __cinit__(self, texts, bint counting):
         cdef Py_ssize_t i, n
@@ -2323,9 +2343,10 @@ cdef class _Batch:
         self.c.bad = <int64_t*> calloc(max(n, 1), sizeof(int64_t))
         if not counting:
             self.c.start = <int64_t*> calloc(max(n, 1), sizeof(int64_t))
-            self.c.owner = <int32_t*> calloc(max(n, 1), sizeof(int32_t))
+            self.lists = [None] * n
+            self.c.lists = <void*> self.lists
         if (self.c.texts == NULL or self.c.res == NULL or self.c.bad == NULL
-                or (not counting and (self.c.start == NULL or self.c.owner == NULL))):
+                or (not counting and self.c.start == NULL)):
             raise MemoryError()
         self.units = 0
         self.longest = 0
@@ -2351,7 +2372,7 @@ cdef class _Batch:
         return 0
 
     def __dealloc__(self):
-        free(self.c.texts); free(self.c.res); free(self.c.bad); free(self.c.start); free(self.c.owner)
+        free(self.c.texts); free(self.c.res); free(self.c.bad); free(self.c.start)
         free(self.c.order)
 
 
