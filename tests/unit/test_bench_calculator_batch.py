@@ -46,3 +46,26 @@ def test_the_batch_worker_checks_every_result_and_the_report_judges_the_target(m
     else:
         assert speedup["pass"] is None
     assert rows["batch results identical to one call per text, in order"]["pass"] is True
+    if out["threads"] > 1:  # the machine's own two-core ceiling is measured and reported for each workload
+        for w in out["workloads"].values():
+            c = w["two_processes"]
+            assert len(c["alone_s"][0]) == len(c["together_s"][1]) == bench.CEILING_ROUNDS
+            assert 0.5 < c["ceiling"] <= 2.5 and c["slowdown"] > 0
+        assert "the machine's own ceiling" in text
+
+
+def test_the_two_process_ceiling_times_both_processes_alone_and_together():
+    import os
+
+    from qwen_v3_calculator.tokenizer import Tokenizer
+
+    cpus = sorted(os.sched_getaffinity(0))
+    tok = Tokenizer.bundled()
+    texts = _corpus()["slices"]["chat"]
+    c = bench.two_process_ceiling(tok, texts, (cpus * 2)[:2], rounds=3)
+    assert [len(x) for x in c["alone_s"] + c["together_s"]] == [3, 3, 3, 3]
+    assert all(t > 0 for x in c["alone_s"] + c["together_s"] for t in x)
+    alone = [sorted(x)[1] for x in c["alone_s"]]
+    together = [sorted(x)[1] for x in c["together_s"]]
+    assert abs(c["ceiling"] - (1 / together[0] + 1 / together[1]) / ((1 / alone[0] + 1 / alone[1]) / 2)) < 1e-9
+    assert os.sched_getaffinity(0) == set(cpus)  # affinity restored, the copy reaped
