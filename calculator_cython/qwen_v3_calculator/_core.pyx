@@ -1687,8 +1687,8 @@ cdef class Engine:
                 self.counted += nids
                 return 0
         else:
-            self._ensure_out(nids)
-            memcpy(self.out + self.nout, ce.ids, nids * sizeof(int32_t))
+            self._ensure_out(CACHE_IDS)     # all CACHE_IDS slots: a fixed-size copy is a few moves, no call
+            memcpy(self.out + self.nout, ce.ids, CACHE_IDS * sizeof(int32_t))
             if qv3_seq_valid(&st.seq, v):
                 self.nout += nids
                 return 0
