@@ -100,7 +100,8 @@ REFERENCE = "hf.encode"
 TARGETS = {"vs_tiktoken": 5.0, "vs_hf_mixed": 15.0, "load_s": 0.3, "batch_speedup": 1.8}
 BATCH_DOCS = 16     # the batch section's long documents: the mixed corpus cut into this many
 BATCH_ROUNDS = 25   # paired rounds (one thread / all cores, alternating which goes first) per batch measurement
-CEILING_ROUNDS = 15  # timed calls per process and phase of two_process_ceiling
+CEILING_ROUNDS = 15  # timed calls per process and phase of two_process_ceiling,
+CEILING_BLOCK = 3    # in blocks of this many (alone here, alone there, both at once, taking turns)
 CJK_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
 
 # --------------------------------------------------------------------------------------------------------------
@@ -940,9 +941,11 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
 def two_process_ceiling(tok, texts: list[str], cpus: list[int], rounds: int = CEILING_ROUNDS) -> dict:
     """What a second core gives this machine on this workload without any threads: warm
     tok.count_batch(texts, threads=1) calls timed in this process alone on cpus[0], in a forked copy alone on
-    cpus[1], then in both at once. ceiling = (throughput of both at once) / (mean throughput of one alone): 2.0
-    when the cores do not slow each other down (shared caches, memory bandwidth, the host's other guests), and
-    the bound for a threaded batch's speedup here, whose threads do the same work on the same tables."""
+    cpus[1], and in both at once -- in blocks of CEILING_BLOCK calls, the three phases taking turns, so that the
+    host's slow and fast stretches fall on all three alike. ceiling = (throughput of both at once) / (mean
+    throughput of one alone): 2.0 when the cores do not slow each other down (shared caches, memory bandwidth,
+    the host's other guests), and the bound for a threaded batch's speedup here, whose threads do the same work
+    on the same tables. rounds: calls per process and phase."""
     def calls(n):
         ts = []
         for _ in range(n):
@@ -961,38 +964,42 @@ def two_process_ceiling(tok, texts: list[str], cpus: list[int], rounds: int = CE
                 return b"".join(chunks)
             chunks.append(b)
 
+    blocks = [min(CEILING_BLOCK, rounds - k) for k in range(0, rounds, CEILING_BLOCK)]
     old = os.sched_getaffinity(0)
     to_child_r, to_child_w = os.pipe()
     to_parent_r, to_parent_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the copy: alone when told, then together with the parent, then its times
+    if pid == 0:  # the copy: each block, alone when told, then together with the parent; finally its times
         code = 1
         try:
             os.close(to_child_w)
             os.close(to_parent_r)
             os.sched_setaffinity(0, {cpus[1]})
             calls(2)                              # its copy-on-write pages, untimed
-            os.write(to_parent_w, b"r")
-            os.read(to_child_r, 1)
-            alone = calls(rounds)
-            os.write(to_parent_w, b"a")
-            os.read(to_child_r, 1)
-            together = calls(rounds)
+            alone, together = [], []
+            for n in blocks:
+                os.write(to_parent_w, b"r")
+                os.read(to_child_r, 1)
+                alone += calls(n)
+                os.write(to_parent_w, b"a")
+                os.read(to_child_r, 1)
+                together += calls(n)
             os.write(to_parent_w, json.dumps({"alone": alone, "together": together}).encode())
             code = 0
         finally:
             os._exit(code)
     os.close(to_child_r)
     os.close(to_parent_w)
+    alone, together = [], []
     try:
         os.sched_setaffinity(0, {cpus[0]})
-        os.read(to_parent_r, 1)                   # the copy is ready and idle
-        alone = calls(rounds)
-        os.write(to_child_w, b"g")
-        os.read(to_parent_r, 1)                   # the copy ran alone
-        calls(1)
-        os.write(to_child_w, b"g")
-        together = calls(rounds)
+        for n in blocks:
+            os.read(to_parent_r, 1)               # the copy is idle
+            alone += calls(n)
+            os.write(to_child_w, b"g")
+            os.read(to_parent_r, 1)               # the copy ran alone
+            os.write(to_child_w, b"g")
+            together += calls(n)
         child = json.loads(read_all(to_parent_r) or b"{}")
     finally:
         os.sched_setaffinity(0, old)
@@ -1004,7 +1011,7 @@ def two_process_ceiling(tok, texts: list[str], cpus: list[int], rounds: int = CE
         return {"error": "the forked copy did not report"}
     one = (1 / med(alone) + 1 / med(child["alone"])) / 2
     both = 1 / med(together) + 1 / med(child["together"])
-    return {"cpus": cpus, "rounds": rounds, "alone_s": [alone, child["alone"]],
+    return {"cpus": cpus, "rounds": rounds, "block": CEILING_BLOCK, "alone_s": [alone, child["alone"]],
             "together_s": [together, child["together"]], "ceiling": both / one,
             "slowdown": (med(together) / med(alone) + med(child["together"]) / med(child["alone"])) / 2}
 
@@ -1354,10 +1361,11 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
         if ceil:
             L.append("  the machine's own ceiling -- two independent processes, one per core, the same warm "
                      "count_tokens_batch(threads=1) calls, vs one process alone (median of "
-                     f"{ceil[0][1].get('rounds', '-')} calls each):")
+                     f"{ceil[0][1].get('rounds', '-')} calls each, phases taking turns in blocks of "
+                     f"{ceil[0][1].get('block', '-')}):")
             for name, c in ceil:
-                L.append(f"    {name}: " + (f"{c['ceiling']:.2f}x (each call {100 * (c['slowdown'] - 1):+.0f}% when "
-                                             "both cores work)" if "ceiling" in c else c.get("error", "-")))
+                L.append(f"    {name}: " + (f"{c['ceiling']:.2f}x (a call's median time {100 * (c['slowdown'] - 1):+.0f}% "
+                                             "with both cores busy)" if "ceiling" in c else c.get("error", "-")))
         L.append("")
     elif batch:
         L.append(f"Batch calls over threads: not measured ({batch['error'][:200]})")

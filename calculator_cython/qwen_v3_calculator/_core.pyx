@@ -2147,7 +2147,7 @@ cdef class Engine:
     cdef list _ids(self, Py_ssize_t start, Py_ssize_t n):
         """The output ids [start, start + n) as a list of int. The int objects come from a table shared by the
         engine and its clones (built on the first encode: ~5 MB for Qwen's 151k tokens), so a list costs a
-        reference per id instead of a new int object per id (the serial part of encode_batch)."""
+        reference per id instead of a new int object per id (encode; encode_batch: _lists)."""
         return qv3_ids_list(self.out + start, n, self._id_table())
 
     cdef list _id_table(self):
