@@ -100,8 +100,6 @@ REFERENCE = "hf.encode"
 TARGETS = {"vs_tiktoken": 5.0, "vs_hf_mixed": 15.0, "load_s": 0.3, "batch_speedup": 1.8}
 BATCH_DOCS = 16     # the batch section's long documents: the mixed corpus cut into this many
 BATCH_ROUNDS = 25   # paired rounds (one thread / all cores, alternating which goes first) per batch measurement
-CEILING_ROUNDS = 15  # timed calls per process and phase of two_process_ceiling,
-CEILING_BLOCK = 3    # in blocks of this many (alone here, alone there, both at once, taking turns)
 CJK_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
 
 # --------------------------------------------------------------------------------------------------------------
@@ -932,88 +930,8 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
                                  "one_thread_median_s": statistics.median(times[1]),
                                  "threads_median_s": statistics.median(times[threads]), "identical": same}
             w[fn] = states
-            if fn == "count_tokens_batch" and threads > 1:
-                w["two_processes"] = two_process_ceiling(tok, texts, sorted(os.sched_getaffinity(0))[:2])
         out["workloads"][name] = w
     return out
-
-
-def two_process_ceiling(tok, texts: list[str], cpus: list[int], rounds: int = CEILING_ROUNDS) -> dict:
-    """What a second core gives this machine on this workload without any threads: warm
-    tok.count_batch(texts, threads=1) calls timed in this process alone on cpus[0], in a forked copy alone on
-    cpus[1], and in both at once -- in blocks of CEILING_BLOCK calls, the three phases taking turns, so that the
-    host's slow and fast stretches fall on all three alike. ceiling = (throughput of both at once) / (mean
-    throughput of one alone): 2.0 when the cores do not slow each other down (shared caches, memory bandwidth,
-    the host's other guests), and the bound for a threaded batch's speedup here, whose threads do the same work
-    on the same tables. rounds: calls per process and phase."""
-    def calls(n):
-        ts = []
-        for _ in range(n):
-            gc.disable()
-            t0 = time.perf_counter()
-            tok.count_batch(texts, threads=1)
-            ts.append(time.perf_counter() - t0)
-            gc.enable()
-        return ts
-
-    def read_all(fd):
-        chunks = []
-        while True:
-            b = os.read(fd, 65536)
-            if not b:
-                return b"".join(chunks)
-            chunks.append(b)
-
-    blocks = [min(CEILING_BLOCK, rounds - k) for k in range(0, rounds, CEILING_BLOCK)]
-    old = os.sched_getaffinity(0)
-    to_child_r, to_child_w = os.pipe()
-    to_parent_r, to_parent_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the copy: each block, alone when told, then together with the parent; finally its times
-        code = 1
-        try:
-            os.close(to_child_w)
-            os.close(to_parent_r)
-            os.sched_setaffinity(0, {cpus[1]})
-            calls(2)                              # its copy-on-write pages, untimed
-            alone, together = [], []
-            for n in blocks:
-                os.write(to_parent_w, b"r")
-                os.read(to_child_r, 1)
-                alone += calls(n)
-                os.write(to_parent_w, b"a")
-                os.read(to_child_r, 1)
-                together += calls(n)
-            os.write(to_parent_w, json.dumps({"alone": alone, "together": together}).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(to_child_r)
-    os.close(to_parent_w)
-    alone, together = [], []
-    try:
-        os.sched_setaffinity(0, {cpus[0]})
-        for n in blocks:
-            os.read(to_parent_r, 1)               # the copy is idle
-            alone += calls(n)
-            os.write(to_child_w, b"g")
-            os.read(to_parent_r, 1)               # the copy ran alone
-            os.write(to_child_w, b"g")
-            together += calls(n)
-        child = json.loads(read_all(to_parent_r) or b"{}")
-    finally:
-        os.sched_setaffinity(0, old)
-        os.close(to_child_w)
-        os.close(to_parent_r)
-        os.waitpid(pid, 0)
-    med = statistics.median
-    if not child:
-        return {"error": "the forked copy did not report"}
-    one = (1 / med(alone) + 1 / med(child["alone"])) / 2
-    both = 1 / med(together) + 1 / med(child["together"])
-    return {"cpus": cpus, "rounds": rounds, "block": CEILING_BLOCK, "alone_s": [alone, child["alone"]],
-            "together_s": [together, child["together"]], "ceiling": both / one,
-            "slowdown": (med(together) / med(alone) + med(child["together"]) / med(child["alone"])) / 2}
 
 
 def _dump(path: str, obj) -> None:
@@ -1357,15 +1275,6 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
                     L.append(f"  {label:<34} {fn:<19} {state:<10} {r['one_thread_median_s']:>10.4f} "
                              f"{r['threads_median_s']:>11.4f} {r['speedup_median']:>7.2f}x "
                              f"{min(r['speedups']):>5.2f}-{max(r['speedups']):<5.2f} {'yes' if r['identical'] else 'NO':>9}")
-        ceil = [(name, w["two_processes"]) for name, w in batch["workloads"].items() if "two_processes" in w]
-        if ceil:
-            L.append("  the machine's own ceiling -- two independent processes, one per core, the same warm "
-                     "count_tokens_batch(threads=1) calls, vs one process alone (median of "
-                     f"{ceil[0][1].get('rounds', '-')} calls each, phases taking turns in blocks of "
-                     f"{ceil[0][1].get('block', '-')}):")
-            for name, c in ceil:
-                L.append(f"    {name}: " + (f"{c['ceiling']:.2f}x (a call's median time {100 * (c['slowdown'] - 1):+.0f}% "
-                                             "with both cores busy)" if "ceiling" in c else c.get("error", "-")))
         L.append("")
     elif batch:
         L.append(f"Batch calls over threads: not measured ({batch['error'][:200]})")

@@ -1,7 +1,6 @@
 """The calculator benchmark's batch section (benchmarks/bench_calculator.py): its workloads, its measurement (real
 threads, every result checked against one call per text) and how the report judges the target."""
 import random
-import statistics
 
 from benchmarks import bench_calculator as bench
 
@@ -47,26 +46,3 @@ def test_the_batch_worker_checks_every_result_and_the_report_judges_the_target(m
     else:
         assert speedup["pass"] is None
     assert rows["batch results identical to one call per text, in order"]["pass"] is True
-    if out["threads"] > 1:  # the machine's own two-core ceiling is measured and reported for each workload
-        for w in out["workloads"].values():
-            c = w["two_processes"]
-            assert len(c["alone_s"][0]) == len(c["together_s"][1]) == bench.CEILING_ROUNDS
-            assert c["ceiling"] > 0 and c["slowdown"] > 0  # (tiny workloads here: the values themselves are noise)
-        assert "the machine's own ceiling" in text
-
-
-def test_the_two_process_ceiling_times_both_processes_alone_and_together():
-    import os
-
-    from qwen_v3_calculator.tokenizer import Tokenizer
-
-    cpus = sorted(os.sched_getaffinity(0))
-    tok = Tokenizer.bundled()
-    texts = _corpus()["slices"]["chat"]
-    c = bench.two_process_ceiling(tok, texts, (cpus * 2)[:2], rounds=bench.CEILING_BLOCK + 1)  # a short block
-    assert [len(x) for x in c["alone_s"] + c["together_s"]] == [bench.CEILING_BLOCK + 1] * 4
-    assert all(t > 0 for x in c["alone_s"] + c["together_s"] for t in x)
-    alone = [statistics.median(x) for x in c["alone_s"]]
-    together = [statistics.median(x) for x in c["together_s"]]
-    assert abs(c["ceiling"] - (1 / together[0] + 1 / together[1]) / ((1 / alone[0] + 1 / alone[1]) / 2)) < 1e-9
-    assert os.sched_getaffinity(0) == set(cpus)  # affinity restored, the copy reaped
