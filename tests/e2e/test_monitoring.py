@@ -172,13 +172,18 @@ def scenario(monitored, tmp_path_factory):
         statuses = {chat(c, broke).status_code for _ in range(3)}
         assert 429 in statuses
         assert chat(c, "qve-not-a-key").status_code == 401
-        # a client that disconnects mid-stream
+        # a client that disconnects mid-stream. max_tokens near the context limit: the engine must not finish
+        # before the server notices (the record would rightly say "length"; a CI run once saw all 400 tokens of
+        # an earlier version of this request generated, 4 s, before the disconnect was noticed)
         with c.stream("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {free}"},
                       json={"model": SERVED_NAME, "messages": [{"role": "user", "content": "go on"}],
-                            "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
+                            "max_tokens": 4000, "ignore_eos": True, "stream": True}) as r:
             assert r.status_code == 200
             for _ in r.iter_lines():
                 break
+    # the server records the disconnected request once it notices and aborts it: wait for that record
+    wait_for(lambda: prom.query('qwen_ext_ledger_records_total{status="client_disconnected"} > 0'), 120,
+             "the disconnected request's ledger record")
     # the ledger has every record and the engine is idle; two refreshes of the ledger gauge and some scrapes later
     time.sleep(12)
     return report
