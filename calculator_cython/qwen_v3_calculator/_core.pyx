@@ -13,19 +13,23 @@ import os
 import threading
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, int32_t, uint64_t, int64_t, INT32_MAX, UINT64_MAX
 
-cdef extern from "Python.h":
-    bint PyUnicode_Check(object o)
-    int PyUnicode_READY(object o) except -1
-    int PyUnicode_KIND(object o)
-    void* PyUnicode_DATA(object o)
-    Py_ssize_t PyUnicode_GET_LENGTH(object o)
-    bint PyUnicode_IS_ASCII(object o)
+from cpython.ref cimport PyObject
+from cpython.tuple cimport PyTuple_GET_ITEM
+
+cdef extern from "Python.h":          # on borrowed references: no reference counting in _Batch's loop
+    bint PyUnicode_Check(PyObject* o) noexcept
+    int PyUnicode_READY(PyObject* o) noexcept      # -1: failed, with an exception set
+    int PyUnicode_KIND(PyObject* o) noexcept
+    void* PyUnicode_DATA(PyObject* o) noexcept
+    Py_ssize_t PyUnicode_GET_LENGTH(PyObject* o) noexcept
+    bint PyUnicode_IS_ASCII(PyObject* o) noexcept
 
 cdef extern from *:
     """
     #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
     #include <stdint.h>
     #include <string.h>
+    #include <time.h>
     /* _load3 of 2..8 bytes at p in one unaligned read, when 8 bytes may be read at p (end: the end of the
        buffer). Same words as _load3 (zero-padded little-endian); little-endian only. Returns 0 when it cannot. */
     static inline int qv3_load_short(const unsigned char* p, Py_ssize_t n, const unsigned char* end,
@@ -65,7 +69,52 @@ cdef extern from *:
         return 0;
     #endif
     }
-    static inline Py_ssize_t qv3_next(Py_ssize_t* p) { return __atomic_fetch_add(p, 1, __ATOMIC_RELAXED); }
+    /* A batch's next run of positions [*k1 - its length, *k1) out of n, taken atomically from *next: guided
+       runs (what is left / div, at most most, at least 1), so that at the end of a batch no thread still has a
+       long run to do while the others wait. Returns the run's start, n when none is left. */
+    static inline Py_ssize_t qv3_claim(Py_ssize_t* next, Py_ssize_t n, Py_ssize_t most, Py_ssize_t div,
+                                       Py_ssize_t* k1) {
+        Py_ssize_t pos = __atomic_load_n(next, __ATOMIC_RELAXED), c;
+        do {
+            if (pos >= n) return n;
+            c = (n - pos) / div;
+            c = c < 1 ? 1 : (c > most ? most : c);
+        } while (!__atomic_compare_exchange_n(next, &pos, pos + c, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+        *k1 = pos + c;
+        return pos;
+    }
+    /* The end of a threaded batch without a round trip through the thread pool. A helper thread enters with
+       qv3_enter (false: the calling thread has already closed the batch, and the helper must not touch it) and
+       counts itself out with qv3_exit once it has written its last result. The calling thread, done draining,
+       closes the batch with qv3_close (the number of helpers that entered) and waits with qv3_wait until that
+       many have exited, spinning for at most spin_ns (the helpers are finishing their last short runs on other
+       cores): 1 when they all have, 0 when the time ran out (then the caller blocks on the helpers' futures,
+       which also gives the CPU to a helper that waits for this very core). */
+    #define QV3_CLOSED ((int64_t) 1 << 62)
+    static inline int qv3_enter(int64_t* entered) {
+        return !(__atomic_fetch_add(entered, 1, __ATOMIC_ACQ_REL) & QV3_CLOSED);
+    }
+    static inline void qv3_exit(int64_t* exited) { __atomic_fetch_add(exited, 1, __ATOMIC_RELEASE); }
+    static inline int64_t qv3_close(int64_t* entered) {
+        return __atomic_fetch_or(entered, QV3_CLOSED, __ATOMIC_ACQ_REL) & (QV3_CLOSED - 1);
+    }
+    static int qv3_wait(const int64_t* exited, int64_t count, long spin_ns) {
+        struct timespec t0, t;
+        long spins = 0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        while (__atomic_load_n(exited, __ATOMIC_ACQUIRE) < count) {
+    #if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+    #elif defined(__aarch64__)
+            __asm__ __volatile__("yield");
+    #endif
+            if ((++spins & 63) == 0) {
+                clock_gettime(CLOCK_MONOTONIC, &t);
+                if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > spin_ns) return 0;
+            }
+        }
+        return 1;
+    }
     /* The piece cache's per-set sequence lock (a seqlock: readers never write, writers never wait). Even: the
        set is stable; odd: a writer is changing it. A reader takes v = qv3_seq_begin, reads, and keeps what it
        read only if qv3_seq_valid(v): the sequence was even and has not moved, so no write overlapped the
@@ -107,9 +156,30 @@ cdef extern from *:
         }
         return res;
     }
+    /* count_batch's result: the list of res[k] as ints, in input order (position k holds text order[k]; order
+       NULL: text k). Filled in place, like qv3_ids_list (a list's unset items are NULL, which its
+       deallocation skips). */
+    static PyObject* qv3_counts_list(const int64_t* res, const Py_ssize_t* order, Py_ssize_t n) {
+        Py_ssize_t k;
+        PyObject* out = PyList_New(n);
+        PyObject* o;
+        if (out == NULL) return NULL;
+        for (k = 0; k < n; k++) {
+            if ((o = PyLong_FromLongLong(res[k])) == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyList_SET_ITEM(out, order != NULL ? order[k] : k, o);
+        }
+        return out;
+    }
     """
     void QV3_PREFETCH(const void* p) noexcept nogil
-    Py_ssize_t qv3_next(Py_ssize_t* p) noexcept nogil   # atomic fetch-and-increment (GCC/Clang builtin)
+    Py_ssize_t qv3_claim(Py_ssize_t* next, Py_ssize_t n, Py_ssize_t most, Py_ssize_t div, Py_ssize_t* k1) noexcept nogil
+    bint qv3_enter(int64_t* entered) noexcept nogil
+    void qv3_exit(int64_t* exited) noexcept nogil
+    int64_t qv3_close(int64_t* entered) noexcept nogil
+    bint qv3_wait(const int64_t* exited, int64_t count, long spin_ns) noexcept nogil
     Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
     int qv3_load_short(const uint8_t* p, Py_ssize_t n, const uint8_t* end, uint64_t* w) noexcept nogil
     uint32_t qv3_seq_begin(const uint32_t* s) noexcept nogil
@@ -117,6 +187,7 @@ cdef extern from *:
     bint qv3_seq_lock(uint32_t* s, uint32_t v) noexcept nogil
     void qv3_seq_unlock(uint32_t* s, uint32_t v) noexcept nogil
     list qv3_ids_list(const int32_t* ids, Py_ssize_t n, list table)
+    list qv3_counts_list(const int64_t* res, const Py_ssize_t* order, Py_ssize_t n)
 
 from libc.stdlib cimport qsort
 
@@ -164,6 +235,7 @@ DEF CACHE_KEY = 24     # pieces of 2..24 bytes are cached (key = three zero-padd
 DEF CACHE_IDS = 8      # a CacheEnt is 64 bytes: 24 key + 32 ids + seq, klen, nids
 DEF MIN_PARALLEL = 65536  # code points: smaller batches run in the calling thread (handing work to a thread
                           # and collecting it costs tens of microseconds; below this threads did not pay)
+DEF SPIN_NS = 50000    # a threaded batch's caller spins this long for its helpers' last runs, then blocks
 DEF PIPE = 16          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
 DEF SBASE = 0xAC00
 DEF LBASE = 0x1100
@@ -376,8 +448,12 @@ ctypedef struct Batch:     # one count_batch/encode_batch call, shared by its wo
     Text* texts
     Py_ssize_t n
     Py_ssize_t* order     # processing order (longest first when several workers share it; NULL: as given)
-    Py_ssize_t next       # next chunk of positions in order; taken with qv3_next
-    Py_ssize_t chunk      # positions per chunk
+    Py_ssize_t next       # next position in order not yet taken (runs taken with qv3_claim)
+    Py_ssize_t chunk      # longest run taken at once
+    Py_ssize_t div        # a run is at most 1/div of the positions left
+    int64_t entered       # helper threads that entered the batch, | QV3_CLOSED once the caller closed it
+    int64_t exited        # helper threads done with the batch (qv3_enter ... qv3_exit)
+    bint failed           # a helper thread raised (its future holds the exception)
     bint counting
     int64_t* res          # per position in order: the text's token count (its ids' count when encoding)
     int64_t* start        # encode: where its ids start in the output buffer of the worker that ran it
@@ -2084,16 +2160,16 @@ cdef class Engine:
                 m += _put_utf8(o + m, c)
         return self._run(o, m, check)
 
-    cdef int _drain(self, Batch* b) except -1 nogil:
-        """Tokenize texts of the batch until none is left (any number of engines drain one batch at once)."""
-        cdef Py_ssize_t k, k0, k1, i, st
+    cdef int _drain(self, Batch* b, bint helper) except -1 nogil:
+        """Tokenize texts of the batch until none is left (any number of engines drain one batch at once); a
+        helper thread's engine then counts itself out (qv3_exit: its last result is written)."""
+        cdef Py_ssize_t k, k0, k1 = 0, i, st
         cdef int rc
         self.counting = b.counting
         while True:
-            k0 = qv3_next(&b.next) * b.chunk
+            k0 = qv3_claim(&b.next, b.n, b.chunk, b.div, &k1)
             if k0 >= b.n:
                 break
-            k1 = min(k0 + b.chunk, b.n)
             for k in range(k0, k1):
                 i = b.order[k] if b.order != NULL else k
                 self.counted = 0
@@ -2114,6 +2190,8 @@ cdef class Engine:
                     self._lists(b, k0, k1)
                 self.nout = 0
         self.counting = False
+        if helper:
+            qv3_exit(&b.exited)
         return 0
 
     cdef int _lists(self, Batch* b, Py_ssize_t k0, Py_ssize_t k1) except -1:
@@ -2128,9 +2206,17 @@ cdef class Engine:
         return 0
 
     def _work(self, _Batch batch):
-        """One worker thread's share of a batch, without the GIL."""
-        with nogil:
-            self._drain(&batch.c)
+        """A helper thread's share of a batch, without the GIL (nothing when the batch is already closed: the
+        calling thread drained it alone)."""
+        if not qv3_enter(&batch.c.entered):
+            return
+        try:
+            with nogil:
+                self._drain(&batch.c, True)
+        except BaseException:
+            batch.c.failed = True
+            qv3_exit(&batch.c.exited)
+            raise
 
     cdef void _release(self) noexcept:
         """Give back large scratch buffers after a call (a 10 MB text must not pin 40 MB per engine)."""
@@ -2192,12 +2278,8 @@ cdef class Engine:
         """Token counts of a sequence of str, in order; ``threads`` > 1 spreads them over that many threads
         (see _batch)."""
         cdef _Batch b = _Batch(texts, True)
-        cdef Py_ssize_t k
-        cdef list res = [0] * b.c.n
         self._batch(b, threads)
-        for k in range(b.c.n):
-            res[b.c.order[k] if b.c.order != NULL else k] = b.c.res[k]
-        return res
+        return qv3_counts_list(b.c.res, b.c.order, b.c.n)
 
     def encode_batch(self, texts, int threads=1):
         """Token ids of a sequence of str, in order (``threads`` as for count_batch)."""
@@ -2221,12 +2303,14 @@ cdef class Engine:
         cdef list workers = [self]
         cdef Engine w
         cdef Py_ssize_t k, i, first = -1, pos = 0
+        cdef bint done
         threads = min(threads, b.c.n)
         try:
             if threads <= 1 or b.units < MIN_PARALLEL:
                 self.nout = 0
                 b.c.chunk = max(b.c.n, 1)
-                self._drain(&b.c)
+                b.c.div = 1
+                self._drain(&b.c, False)
             else:
                 if self.batch_lock is None:
                     self.batch_lock = threading.Lock()
@@ -2245,20 +2329,30 @@ cdef class Engine:
                             w.set_added_tokens(self.added_list or [])
                     if b.longest * threads * 16 > b.units:
                         b.longest_first()   # some text is a large part of a worker's share: longest first
-                    # chunks of consecutive positions: few atomic operations, and each worker writes its own
-                    # runs of the result arrays; small enough (1/32 of a worker's share) to end together
+                    # runs of consecutive positions: few atomic operations, and each worker writes its own
+                    # runs of the result arrays; at most 1/32 of a worker's share, and shrinking with what is
+                    # left (1/4 of it per worker), so that the workers end together
                     b.c.chunk = max(1, min(64, b.c.n // (32 * threads)))
+                    b.c.div = 4 * threads
                     futures = [_thread_pool(threads - 1).submit(workers[k]._work, b) for k in range(1, threads)]
                     errors = []
                     try:
-                        workers[0]._work(b)
+                        w = workers[0]
+                        with nogil:
+                            w._drain(&b.c, False)
                     except BaseException as exc:
                         errors.append(exc)
-                    for f in futures:               # every worker is done before the batch's arrays go away
-                        try:
-                            f.result()
-                        except BaseException as exc:
-                            errors.append(exc)
+                    # every helper is done with the batch before its arrays go away: those that entered it
+                    # are waited for here (briefly spinning: they are finishing their last runs); a helper
+                    # that has not started by now will find the batch closed and return at once
+                    with nogil:
+                        done = qv3_wait(&b.c.exited, qv3_close(&b.c.entered), SPIN_NS)
+                    if not done or errors or b.c.failed:
+                        for f in futures:
+                            try:
+                                f.result()
+                            except BaseException as exc:
+                                errors.append(exc)
                     if errors:
                         raise errors[0]
         finally:
@@ -2294,16 +2388,26 @@ def _thread_pool(int workers):
         return _POOL
 
 
-cdef int _text_of(object s, Text* t, Py_ssize_t index) except -1:
+cdef inline int _text_ptr(PyObject* s, Text* t) noexcept:
+    """t = the str s's representation: 0; 1: s is not a str; -1: the str could not be made ready (exception
+    set; only legacy strings of Python < 3.12 need it)."""
     if not PyUnicode_Check(s):
-        name = "text" if index < 0 else f"texts[{index}]"
-        raise TypeError(f"{name} must be str, not {type(s).__name__}")
-    PyUnicode_READY(s)
+        return 1
+    if PyUnicode_READY(s) < 0:
+        return -1
     t.data = PyUnicode_DATA(s)
     t.len = PyUnicode_GET_LENGTH(s)
     t.kind = PyUnicode_KIND(s)
     t.ascii = PyUnicode_IS_ASCII(s)
     return 0
+
+
+cdef int _text_of(object s, Text* t, Py_ssize_t index) except -1:
+    cdef int rc = _text_ptr(<PyObject*> s, t)
+    if rc == 1:
+        name = "text" if index < 0 else f"texts[{index}]"
+        raise TypeError(f"{name} must be str, not {type(s).__name__}")
+    return rc       # 0, or -1 with the exception set
 
 
 ctypedef struct _LenIdx:
@@ -2350,10 +2454,12 @@ cdef class _Batch:
             raise MemoryError()
         self.units = 0
         self.longest = 0
-        for i in range(n):
-            _text_of(self.texts[i], &self.c.texts[i], i)
+        for i in range(n):          # a tight loop over borrowed references (the tuple holds them)
+            if _text_ptr(PyTuple_GET_ITEM(self.texts, i), &self.c.texts[i]) != 0:
+                _text_of(self.texts[i], &self.c.texts[i], i)        # raises the error
             self.units += self.c.texts[i].len
-            self.longest = max(self.longest, self.c.texts[i].len)
+            if self.c.texts[i].len > self.longest:
+                self.longest = self.c.texts[i].len
 
     cdef int longest_first(self) except -1:
         cdef Py_ssize_t i, n = self.c.n

@@ -172,6 +172,42 @@ def test_concurrent_callers_share_one_tokenizer(texts, one_at_a_time):
     assert singles == one_at_a_time[0][:300]
 
 
+def test_a_batch_does_not_wait_for_a_helper_that_cannot_start(texts, one_at_a_time):
+    """Every thread of the batch pool is kept busy (as by other tokenizers' batches): a threaded batch is then
+    drained by the calling thread alone, closed, and returned -- it does not wait for its helper's turn in the
+    pool. The helper's late turn finds the batch closed and leaves it alone; later batches are exact."""
+    from qwen_v3_calculator import _core
+
+    pool = _core._thread_pool(1)
+    busy = pool._max_workers
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def block():
+        started.release()
+        release.wait(60)
+
+    blockers = [pool.submit(block) for _ in range(busy)]
+    for _ in range(busy):
+        assert started.acquire(timeout=30)
+    safety = threading.Timer(30, release.set)  # the old behaviour would wait until this fires
+    safety.start()
+    try:
+        t0 = time.monotonic()
+        got_counts = count_tokens_batch(texts, threads=2)
+        got_ids = encode_batch(texts, threads=2)
+        elapsed = time.monotonic() - t0
+        assert not release.is_set(), f"the batch waited for the busy pool ({elapsed:.1f} s)"
+    finally:
+        release.set()
+        safety.cancel()
+    for f in blockers:
+        f.result(timeout=30)
+    pool.submit(int).result(timeout=30)  # the pool runs again (stale helper turns included)
+    assert got_counts == one_at_a_time[0] and got_ids == one_at_a_time[1]
+    assert count_tokens_batch(texts, threads=2) == one_at_a_time[0]
+    assert encode_batch(texts, threads=2) == one_at_a_time[1]
+
+
 def _child(conn, texts):
     conn.send(count_tokens_batch(texts, threads=2))
     conn.close()
