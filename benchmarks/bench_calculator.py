@@ -634,6 +634,18 @@ def corpus_banner(corpus: dict) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _steal_s() -> float | None:
+    """CPU time the hypervisor has given to other guests instead of this machine's CPUs so far (the steal column
+    of /proc/stat, all CPUs together), in seconds; None where it cannot be read. A batch over two threads needs
+    both CPUs at once: steal during the batch section is the first thing to look at when its speedups drop."""
+    try:
+        with open("/proc/stat") as f:
+            v = f.readline().split()
+        return int(v[8]) / os.sysconf("SC_CLK_TCK") if v[0] == "cpu" and len(v) > 8 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _rss_kb() -> int:
     with open("/proc/self/status") as f:
         for ln in f:
@@ -908,6 +920,7 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
                 times: dict = {1: [], threads: []}
                 cpu: dict = {1: [], threads: []}
                 same = True
+                steal0, wall0 = _steal_s(), time.perf_counter()
                 for r in range(BATCH_ROUNDS):
                     for th in ((1, threads) if r % 2 == 0 else (threads, 1)):
                         if state == "first_pass":
@@ -924,11 +937,14 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
                         same = same and got == want
                         del got
                 ratios = [a / b for a, b in zip(times[1], times[threads])]
+                steal1, wall1 = _steal_s(), time.perf_counter()
                 states[state] = {"one_thread_s": times[1], "threads_s": times[threads],
                                  "one_thread_cpu_s": cpu[1], "threads_cpu_s": cpu[threads],
                                  "speedups": ratios, "speedup_median": statistics.median(ratios),
                                  "one_thread_median_s": statistics.median(times[1]),
-                                 "threads_median_s": statistics.median(times[threads]), "identical": same}
+                                 "threads_median_s": statistics.median(times[threads]), "identical": same,
+                                 "wall_s": wall1 - wall0,
+                                 "steal_s": None if steal0 is None or steal1 is None else steal1 - steal0}
             w[fn] = states
         out["workloads"][name] = w
     return out
@@ -1124,6 +1140,10 @@ def _f(x, fmt="{:.2f}", na="-"):
     return na if x is None else fmt.format(x)
 
 
+def _steal_share(steal_s: float, wall_s: float, cpus: int) -> str:
+    return f"{steal_s / max(wall_s * cpus, 1e-9):.1%}"
+
+
 def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
     L = []
     st = corpus["stats"]
@@ -1132,6 +1152,10 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
              f"corpus sha256 {corpus['sha256']}")
     L.append(f"load average at start/end: {meta['loadavg_start']} / {meta['loadavg']}   ({os.cpu_count()} CPUs; "
              "other processes on this machine add noise)")
+    if meta.get("steal_s") is not None:
+        L.append(f"host steal time over the run: {meta['steal_s']:.1f} s = "
+                 f"{_steal_share(meta['steal_s'], meta['run_s'], meta['cpus_allowed'])} of the CPU time of "
+                 f"{meta['cpus_allowed']} CPUs x {meta['run_s']:.0f} s (CPU time the hypervisor gave to other guests)")
     L.append("")
     L.append("Corpus (UTF-8 MB = 10^6 bytes; documents 1-16 KB cut at line boundaries; chat = messages <= 300 chars)")
     L.append(f"  {'slice':<6} {'docs':>6} {'bytes':>10} {'chars':>10} {'CJK share':>9}  sources (bytes)")
@@ -1265,7 +1289,7 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
         L.append(f"Batch calls over threads (wall clock; threads=1 vs threads={batch['threads']} = all cores this process"
                  f" may use, CPUs {batch['cpus']}; median of {batch['rounds']} paired rounds, order alternating; first"
                  " pass = a new tokenizer per side and round, warmed up on other text; warm = caches have seen the"
-                 " texts)")
+                 " texts; steal = CPU time the hypervisor gave to other guests meanwhile, share of all these CPUs' time)")
         L.append(f"  {'workload':<34} {'call':<19} {'state':<10} {'1 thread s':>10} {'N threads s':>11} "
                  f"{'speedup':>8} {'(min-max)':>11} {'identical':>9}")
         for name, w in batch["workloads"].items():
@@ -1274,7 +1298,9 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
                 for state, r in w[fn].items():
                     L.append(f"  {label:<34} {fn:<19} {state:<10} {r['one_thread_median_s']:>10.4f} "
                              f"{r['threads_median_s']:>11.4f} {r['speedup_median']:>7.2f}x "
-                             f"{min(r['speedups']):>5.2f}-{max(r['speedups']):<5.2f} {'yes' if r['identical'] else 'NO':>9}")
+                             f"{min(r['speedups']):>5.2f}-{max(r['speedups']):<5.2f} {'yes' if r['identical'] else 'NO':>9}"
+                             + (f"  steal {_steal_share(r['steal_s'], r['wall_s'], len(batch['cpus']))}"
+                                if r.get("steal_s") is not None else ""))
         L.append("")
     elif batch:
         L.append(f"Batch calls over threads: not measured ({batch['error'][:200]})")
@@ -1468,6 +1494,7 @@ def main(argv=None) -> int:
     all_cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))  # for the batch section's worker
     cpu = pin_one_core(args.cpu)  # before anything starts threads; workers inherit it
     loadavg_start = " ".join(open("/proc/loadavg").read().split()[:3])
+    steal_start, run_start = _steal_s(), time.perf_counter()
     log: list[str] = []
     if args.try_bpe_qwen:
         maybe_install_bpe_qwen(log)
@@ -1543,7 +1570,9 @@ def main(argv=None) -> int:
     meta = {"cpu": cpu, "python": sys.version.split()[0], "quick": args.quick, "passes": passes, "trials": trials,
             "clock": args.clock,
             "loadavg_start": loadavg_start,
-            "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]), "log": log, "ranks_equal": ranks_ok}
+            "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]), "log": log, "ranks_equal": ranks_ok,
+            "cpus_allowed": len(all_cpus.split(",")), "run_s": time.perf_counter() - run_start,
+            "steal_s": None if steal_start is None or _steal_s() is None else _steal_s() - steal_start}
     text, extra = report(corpus, summary, loads, mism, meta, batch)
     print()
     print(text)
