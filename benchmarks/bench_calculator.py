@@ -894,7 +894,8 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
       the workload, which none of its caches has seen (as the main benchmark's first pass);
     * warm: one tokenizer for all rounds, after one untimed call of each kind -- caches have seen the texts,
       as in a billing job counting the same messages again.
-    Every result is checked against one count_tokens()/encode() call per text, in order."""
+    Every result is checked against one count_tokens()/encode() call per text, in order. Right after each
+    measurement, BATCH_ROUNDS rounds of MachineProbe: what the machine gave two threads at that time."""
     from qwen_v3_calculator import count_tokens, encode
     from qwen_v3_calculator.tokenizer import Tokenizer, resolve_threads
 
@@ -904,6 +905,7 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
     warmup = corpus["warmup"] * 2  # above the size below which a batch stays in the calling thread
     out: dict = {"threads": threads, "cpus": sorted(os.sched_getaffinity(0)), "rounds": BATCH_ROUNDS,
                  "workloads": {}}
+    probe = MachineProbe(threads)
     for name, texts in batch_inputs(corpus).items():
         want_counts = [count_tokens(t) for t in texts]
         want_ids = [encode(t) for t in texts]
@@ -938,16 +940,56 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
                         del got
                 ratios = [a / b for a, b in zip(times[1], times[threads])]
                 steal1, wall1 = _steal_s(), time.perf_counter()
+                machine = [probe.round(r % 2 == 0) for r in range(BATCH_ROUNDS)]  # right after, not between calls
                 states[state] = {"one_thread_s": times[1], "threads_s": times[threads],
                                  "one_thread_cpu_s": cpu[1], "threads_cpu_s": cpu[threads],
                                  "speedups": ratios, "speedup_median": statistics.median(ratios),
                                  "one_thread_median_s": statistics.median(times[1]),
                                  "threads_median_s": statistics.median(times[threads]), "identical": same,
                                  "wall_s": wall1 - wall0,
-                                 "steal_s": None if steal0 is None or steal1 is None else steal1 - steal0}
+                                 "steal_s": None if steal0 is None or steal1 is None else steal1 - steal0,
+                                 "machine_speedups": machine, "machine_speedup_median": statistics.median(machine)}
             w[fn] = states
         out["workloads"][name] = w
+    probe.close()
     return out
+
+
+class MachineProbe:
+    """What this machine gives `threads` threads at once, whatever the tokenizer does, measured in the same
+    rounds as the batch calls (the host's state drifts within a run): a probe loop in the compiled module
+    (qwen_v3_calculator._core._probe: xorshift arithmetic plus one random 8-byte read per step over a table of
+    the piece cache's size, 4 MiB) timed on one thread alone and on `threads` threads at once (started together
+    behind a barrier; the slowest one counts). speedup = threads x alone / together: 2.0 when two CPUs each run
+    as fast as one alone. A batch's threads, whose reads also land all over tables of that size, can hardly gain
+    more than the machine gives this loop at the same moment."""
+
+    TABLE = 4 << 20
+
+    def __init__(self, threads: int):
+        from concurrent.futures import ThreadPoolExecutor
+        from qwen_v3_calculator import _core
+
+        self.threads, self.probe = threads, _core._probe
+        self.pool = ThreadPoolExecutor(threads)
+        _, sec = self.pool.submit(self.probe, self.TABLE, 1_000_000).result()
+        self.reads = max(100_000, int(1_000_000 * 0.005 / max(sec, 1e-6)))  # ~5 ms alone
+
+    def round(self, alone_first: bool) -> float:
+        import threading
+
+        times = {}
+        for side in (("alone", "together") if alone_first else ("together", "alone")):
+            if side == "alone":
+                times[side] = self.pool.submit(self.probe, self.TABLE, self.reads).result()[1]
+            else:
+                bar = threading.Barrier(self.threads, timeout=60)
+                fs = [self.pool.submit(self.probe, self.TABLE, self.reads, bar) for _ in range(self.threads)]
+                times[side] = max(f.result()[1] for f in fs)
+        return self.threads * times["alone"] / times["together"]
+
+    def close(self) -> None:
+        self.pool.shutdown()
 
 
 def _dump(path: str, obj) -> None:
@@ -1289,7 +1331,9 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
         L.append(f"Batch calls over threads (wall clock; threads=1 vs threads={batch['threads']} = all cores this process"
                  f" may use, CPUs {batch['cpus']}; median of {batch['rounds']} paired rounds, order alternating; first"
                  " pass = a new tokenizer per side and round, warmed up on other text; warm = caches have seen the"
-                 " texts; steal = CPU time the hypervisor gave to other guests meanwhile, share of all these CPUs' time)")
+                 " texts; steal = CPU time the hypervisor gave to other guests meanwhile, share of all these CPUs' time;"
+                 " machine = what the machine gave the same number of threads right after, on a probe loop of random"
+                 " reads over 4 MiB (not the tokenizer): 2.00x = each CPU as fast as one alone)")
         L.append(f"  {'workload':<34} {'call':<19} {'state':<10} {'1 thread s':>10} {'N threads s':>11} "
                  f"{'speedup':>8} {'(min-max)':>11} {'identical':>9}")
         for name, w in batch["workloads"].items():
@@ -1300,7 +1344,8 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
                              f"{r['threads_median_s']:>11.4f} {r['speedup_median']:>7.2f}x "
                              f"{min(r['speedups']):>5.2f}-{max(r['speedups']):<5.2f} {'yes' if r['identical'] else 'NO':>9}"
                              + (f"  steal {_steal_share(r['steal_s'], r['wall_s'], len(batch['cpus']))}"
-                                if r.get("steal_s") is not None else ""))
+                                if r.get("steal_s") is not None else "")
+                             + (f"  machine {r['machine_speedup_median']:.2f}x" if "machine_speedup_median" in r else ""))
         L.append("")
     elif batch:
         L.append(f"Batch calls over threads: not measured ({batch['error'][:200]})")

@@ -2492,3 +2492,55 @@ def _surrogate_error(str text, Py_ssize_t pos, Py_ssize_t index):
 def _ascii_letter_run(bytes data):
     """qv3_ascii_letters over data (for tests): the scanner's 8-bytes-at-a-time step."""
     return qv3_ascii_letters(<const uint8_t*> data, len(data))
+
+
+
+cdef extern from *:
+    """
+    #include <time.h>
+    static double qv3_now(void) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
+    }
+    """
+    double qv3_now() noexcept nogil
+
+
+def _probe(Py_ssize_t table_bytes, Py_ssize_t reads, barrier=None):
+    """A machine probe for benchmarks/bench_calculator.py (not the tokenizer): ``reads`` steps of a xorshift
+    generator, each also reading 8 bytes at a random place of a zeroed table of ``table_bytes`` (allocated like
+    the engine's tables and touched first), or only the arithmetic when table_bytes is 0; without the GIL, so
+    that threads run it at once (``barrier``: a threading.Barrier passed once the table is ready). Returns
+    (checksum, seconds of the loop). Its speed on two CPUs at once against one CPU is what this machine gives a
+    two-thread batch whose reads land all over tables of that size."""
+    cdef uint64_t x = 88172645463325252ULL, s = 0, mask = 0
+    cdef Py_ssize_t i, words = 0
+    cdef uint64_t* t = NULL
+    cdef double t0, t1
+    if table_bytes > 0:
+        words = 1
+        while words * 2 * 8 <= table_bytes:
+            words *= 2
+        mask = words - 1
+        t = <uint64_t*> _table_alloc(words * 8)
+        if t == NULL:
+            raise MemoryError()
+        for i in range(0, words, 512):
+            t[i] = i
+    try:
+        if barrier is not None:
+            barrier.wait()
+        with nogil:
+            t0 = qv3_now()
+            for i in range(reads):
+                x ^= x << 13
+                x ^= x >> 7
+                x ^= x << 17
+                s += x
+                if t != NULL:
+                    s += t[x & mask]
+            t1 = qv3_now()
+    finally:
+        free(t)
+    return s, t1 - t0

@@ -30,6 +30,9 @@ def test_the_batch_worker_checks_every_result_and_the_report_judges_the_target(m
             for state in ("first_pass", "warm"):
                 r = w[fn][state]
                 assert r["identical"] is True and len(r["speedups"]) == 2 and r["speedup_median"] > 0
+                # what the machine gave the same threads right after (probe loop), and the host's steal meanwhile
+                assert len(r["machine_speedups"]) == 2 and all(x > 0 for x in r["machine_speedups"])
+                assert r["steal_s"] is None or r["steal_s"] >= 0
     summary = {bench.HEADLINE: {}, "tiktoken": {}}
     corpus = {"stats": {sl: {"docs": 0, "bytes": 0, "chars": 0, "cjk_char_share": 0, "by_kind": {}, "mix": {}}
                         for sl in bench.SLICES}, "makeup": {}, "notes": [], "warnings": [], "recipe": "r", "seed": 1,
@@ -37,6 +40,8 @@ def test_the_batch_worker_checks_every_result_and_the_report_judges_the_target(m
     meta = {"cpu": 0, "python": "3", "quick": True, "trials": 1, "clock": "cpu", "loadavg_start": "", "loadavg": ""}
     text, extra = bench.report(corpus, summary, {}, {}, meta, out)
     assert "Batch calls over threads" in text
+    m = out["workloads"]["chat"]["count_tokens_batch"]["warm"]["machine_speedup_median"]
+    assert f"machine {m:.2f}x" in text
     rows = {t["target"].split(" (")[0]: t for t in extra["targets"]}
     speedup = next(t for name, t in rows.items() if "count_tokens_batch throughput" in name)
     if out["threads"] > 1:
@@ -46,3 +51,19 @@ def test_the_batch_worker_checks_every_result_and_the_report_judges_the_target(m
     else:
         assert speedup["pass"] is None
     assert rows["batch results identical to one call per text, in order"]["pass"] is True
+
+
+def test_the_machine_probe_and_the_steal_counter():
+    from qwen_v3_calculator import _core
+
+    a, sec = _core._probe(0, 200_000)
+    assert (a, sec > 0) == (_core._probe(0, 200_000)[0], True)  # arithmetic only: a fixed checksum
+    b, sec = _core._probe(1 << 20, 200_000)                      # plus reads of a zeroed table, touched first
+    assert sec > 0 and isinstance(b, int)
+    probe = bench.MachineProbe(2)
+    try:
+        assert probe.round(True) > 0 and probe.round(False) > 0
+    finally:
+        probe.close()
+    steal = bench._steal_s()
+    assert steal is None or steal >= 0
