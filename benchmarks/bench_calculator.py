@@ -959,12 +959,12 @@ class MachineProbe:
     """What this machine gives `threads` threads at once, whatever the tokenizer does, measured in the same
     rounds as the batch calls (the host's state drifts within a run): a probe loop in the compiled module
     (qwen_v3_calculator._core._probe: xorshift arithmetic plus one random 8-byte read per step over a table of
-    the piece cache's size, 4 MiB) timed on one thread alone and on `threads` threads at once (started together
+    the piece cache's size, 8 MiB) timed on one thread alone and on `threads` threads at once (started together
     behind a barrier; the slowest one counts). speedup = threads x alone / together: 2.0 when two CPUs each run
     as fast as one alone. A reference for what the host gave that many threads at about the same moment, not a
     bound: the tokenizer's reads are less scattered than the probe's, and the host's state keeps moving."""
 
-    TABLE = 4 << 20
+    TABLE = 8 << 20
 
     def __init__(self, threads: int):
         from concurrent.futures import ThreadPoolExecutor
@@ -1333,7 +1333,7 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
                  " pass = a new tokenizer per side and round, warmed up on other text; warm = caches have seen the"
                  " texts; steal = CPU time the hypervisor gave to other guests meanwhile, share of all these CPUs' time;"
                  " machine = what the machine gave the same number of threads right after, on a probe loop of random"
-                 " reads over 4 MiB (not the tokenizer): 2.00x = each CPU as fast as one alone)")
+                 " reads over 8 MiB (not the tokenizer): 2.00x = each CPU as fast as one alone)")
         L.append(f"  {'workload':<34} {'call':<19} {'state':<10} {'1 thread s':>10} {'N threads s':>11} "
                  f"{'speedup':>8} {'(min-max)':>11} {'identical':>9}")
         for name, w in batch["workloads"].items():

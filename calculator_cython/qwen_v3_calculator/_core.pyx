@@ -194,10 +194,9 @@ from libc.stdlib cimport qsort
 cdef extern from *:
     """
     #include <stdlib.h>
+    #include <stdint.h>
     #include <string.h>
-    #if defined(__linux__)
     #include <sys/mman.h>
-    #endif
     /* Zeroed memory for a large, randomly read table (free() it): 2 MiB aligned and, on Linux, advised for
        transparent huge pages, so that its reads do not also miss the TLB (with 4 KiB pages nearly every read
        across the ~10 MiB of tables BPE and the piece cache touch needs a page-table walk). Where the kernel
@@ -212,8 +211,29 @@ cdef extern from *:
         memset(p, 0, n);
         return p;
     }
+    /* Zeroed memory for the piece cache, whose pages are touched only as pieces get cached: an anonymous
+       mapping (zero pages on first touch: none at all for an engine that is only cloned, like the bundled
+       template engine), 2 MiB aligned and advised for huge pages like qv3_table_alloc. *base and *len are what
+       qv3_lazy_free needs. */
+    static void* qv3_lazy_alloc(size_t size, void** base, size_t* len) {
+        size_t huge = (size_t) 2 << 20, n = ((size + huge - 1) & ~(huge - 1)) + huge;
+        char* p = (char*) mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == (char*) MAP_FAILED) return NULL;
+        *base = p;
+        *len = n;
+        p = (char*) (((uintptr_t) p + huge - 1) & ~(uintptr_t) (huge - 1));
+    #if defined(MADV_HUGEPAGE)
+        madvise(p, (size + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
+    #endif
+        return p;
+    }
+    static void qv3_lazy_free(void* base, size_t len) {
+        if (base != NULL) munmap(base, len);
+    }
     """
     void* _table_alloc "qv3_table_alloc" (size_t size) noexcept nogil
+    void* qv3_lazy_alloc(size_t size, void** base, size_t* len) noexcept nogil
+    void qv3_lazy_free(void* base, size_t len) noexcept nogil
 
 DEF MAXCP = 0x110000
 DEF F_L = 1
@@ -230,7 +250,7 @@ DEF PBLOOM_BITS = 21   # one-hash filter over the merge table's pairs (256 KiB):
 DEF PCACHE_BITS = 12   # per-engine direct-mapped cache of merge-table lookups (32 KiB, hits and misses)
 DEF VT_ID = 0xFFFFF    # vocabulary table entry: token id (low 20 bits) | 12-bit hash tag; all ones = empty
 DEF SHORT_BPE = 32     # pieces of up to this many initial symbols use the array merge loop, longer ones a heap
-DEF CACHE_BITS = 15    # piece cache: 2**15 sets of 2 ways, 64-byte entries (4 MiB, zero pages lazily)
+DEF CACHE_BITS = 16    # piece cache: 2**16 sets of 2 ways, 64-byte entries (8 MiB, zero pages touched lazily)
 DEF CACHE_KEY = 24     # pieces of 2..24 bytes are cached (key = three zero-padded little-endian words)
 DEF CACHE_IDS = 8      # a CacheEnt is 64 bytes: 24 key + 32 ids + seq, klen, nids
 DEF MIN_PARALLEL = 65536  # code points: smaller batches run in the calling thread (handing work to a thread
@@ -648,8 +668,9 @@ cdef class Engine:
     cdef uint64_t* pcache         # this engine's recent _prank answers, ptab's format (NO_RANK: no merge)
     cdef int32_t byte_id[256]
     cdef int32_t maxtok           # longest token (bytes)
-    cdef CacheEnt* cache          # 64-byte aligned inside cache_raw
+    cdef CacheEnt* cache          # 2 MiB aligned inside the mapping cache_raw (cache_len bytes; qv3_lazy_*)
     cdef void* cache_raw
+    cdef size_t cache_len
     cdef CharEnt* cbmp            # per BMP code point (owned like the vocabulary)
     cdef uint32_t* csupp_cp       # sorted supplementary code points with an entry
     cdef CharEnt* csupp
@@ -750,7 +771,7 @@ cdef class Engine:
             free(self.arena); free(self.tok_off); free(self.tok_len); free(self.selfok); free(self.vtab)
             free(self.ptab); free(self.mnew); free(self.pbloom); free(self.cbmp); free(self.csupp_cp); free(self.csupp)
             free(self.risk_hdr); free(self.risk_ent)
-        free(self.cache_raw); free(self.pcache); free(self.add_arena); free(self.add_off); free(self.add_len)
+        qv3_lazy_free(self.cache_raw, self.cache_len); free(self.pcache); free(self.add_arena); free(self.add_off); free(self.add_len)
         free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf); free(self.u8)
         free(self.hsym); free(self.hheap)
 
@@ -778,10 +799,10 @@ cdef class Engine:
     cdef int _alloc_cache(self, bint pieces=True) except -1:
         """The pair cache, and the piece cache unless the engine will share another's (pieces=False)."""
         if pieces:
-            self.cache_raw = _table_alloc((2 << CACHE_BITS) * sizeof(CacheEnt))
-            if self.cache_raw == NULL:
+            self.cache = <CacheEnt*> qv3_lazy_alloc((2 << CACHE_BITS) * sizeof(CacheEnt), &self.cache_raw,
+                                                    &self.cache_len)
+            if self.cache == NULL:
                 raise MemoryError()
-            self.cache = <CacheEnt*> self.cache_raw
         self.pcache = <uint64_t*> malloc((1 << PCACHE_BITS) * sizeof(uint64_t))
         if self.pcache == NULL:
             raise MemoryError()
