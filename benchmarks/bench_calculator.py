@@ -1619,12 +1619,13 @@ def main(argv=None) -> int:
     summary = summarize(corpus, merged, args.clock)
     loads = _loads(worker_results)
     mism = find_mismatches(corpus, merged, paths)
+    steal_end = _steal_s()
     meta = {"cpu": cpu, "python": sys.version.split()[0], "quick": args.quick, "passes": passes, "trials": trials,
             "clock": args.clock,
             "loadavg_start": loadavg_start,
             "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]), "log": log, "ranks_equal": ranks_ok,
             "cpus_allowed": len(all_cpus.split(",")), "run_s": time.perf_counter() - run_start,
-            "steal_s": None if steal_start is None or _steal_s() is None else _steal_s() - steal_start}
+            "steal_s": None if steal_start is None or steal_end is None else steal_end - steal_start}
     text, extra = report(corpus, summary, loads, mism, meta, batch)
     print()
     print(text)
