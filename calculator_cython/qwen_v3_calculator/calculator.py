@@ -8,6 +8,7 @@ from . import hygiene
 from .billing import BillingPolicy, get_policy, has_code_block
 from .chat import count_chat as _count_chat, message_text, validate_messages
 from .tokenizer import Tokenizer
+from .vocab import flavor_of
 
 
 def _require_str(name: str, value) -> str:
@@ -28,15 +29,19 @@ def default_template(tokenizer: Tokenizer) -> str:
 class Calculator:
     """Exact Qwen token counts and billed units.
 
-    ``tokenizer``: ``None`` (bundled Qwen3 vocabulary), a ``Tokenizer``, or a path to a ``tokenizer.json`` /
-    model directory (Qwen3.5/3.6 models: use their own files). ``policy``: a ``BillingPolicy`` or a preset name.
-    ``template``: chat template family for ``count_chat`` (default: from the tokenizer).
+    ``tokenizer``: ``None`` (the bundled vocabulary of ``model``), a ``Tokenizer``, or a path to a
+    ``tokenizer.json`` / model directory (a fine-tune with added tokens: use its own files). ``model``: which bundled
+    vocabulary -- ``"qwen3"`` (default; Qwen2/2.5/3, Qwen3-Next), ``"qwen2.5"``, ``"qwen3.6"`` (Qwen3.5/3.6; also
+    ``"qwen3.5"`` or a checkpoint id like ``"Qwen/Qwen3.6-27B"``). ``policy``: a ``BillingPolicy`` or a preset
+    name. ``template``: chat template family for ``count_chat`` (default: from the tokenizer).
     """
 
     def __init__(self, tokenizer: "Tokenizer | str | os.PathLike | None" = None,
-                 policy: "BillingPolicy | str | None" = None, template: str | None = None):
+                 policy: "BillingPolicy | str | None" = None, template: str | None = None, model: str | None = None):
         if tokenizer is None:
-            tokenizer = Tokenizer.bundled("qwen3")
+            tokenizer = Tokenizer.bundled(flavor_of(model))
+        elif model is not None:
+            raise ValueError("pass either tokenizer or model, not both")
         elif isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = Tokenizer.from_file(tokenizer)
         self.tokenizer = tokenizer

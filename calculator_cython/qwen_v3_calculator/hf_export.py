@@ -1,9 +1,11 @@
 """Write HuggingFace-format Qwen tokenizer files from the bundled vocabulary.
 
 ``write_tokenizer_files`` produces ``vocab.json``, ``merges.txt``, ``tokenizer.json`` and
-``tokenizer_config.json`` for Qwen3 or Qwen2.5.  The first three are byte-identical to the official
-files (vocab.json and merges.txt are shared by Qwen2/2.5/3; tokenizer.json is checked against Qwen3's).
-The merge list is not stored: each token's merge is re-derived from the rank order (``derive_merges``).
+``tokenizer_config.json`` for Qwen3, Qwen2.5 or Qwen3.5/3.6 (flavor ``qwen3.6``). For Qwen2/2.5/3 the first three
+are byte-identical to the official files (vocab.json and merges.txt are shared by Qwen2/2.5/3; tokenizer.json is
+checked against Qwen3's). The merge list is not stored: each token's merge is re-derived from the rank order
+(``derive_merges``); a token no merge of two lower ranks makes gets none (the Qwen3.5/3.6 ranks hold such tokens,
+see docs/calculator.md), so BPE never produces it, here as in the calculator.
 
 CLI: ``python -m qwen_v3_calculator.hf_export --flavor qwen3 --output DIR --chat-template FILE``.
 """
@@ -14,8 +16,8 @@ import functools
 import json
 from pathlib import Path
 
-from .tokenizer import QWEN2_PATTERN as SPLIT_PATTERN  # pre-tokenizer split regex of Qwen2/2.5/3
-from .vocab import ADDED_TOKENS, NUM_BASE_TOKENS, bundled_ranks
+from .tokenizer import QWEN2_PATTERN as SPLIT_PATTERN, SPLIT_RULES  # SPLIT_PATTERN: Qwen2/2.5/3's regex
+from .vocab import ADDED_TOKENS, FLAVOR_VOCABULARY, VOCABULARIES, vocabulary_ranks
 
 
 @functools.lru_cache(maxsize=1)
@@ -57,17 +59,21 @@ def _merge_below(token: bytes, ranks: dict[bytes, int], max_rank: int) -> list[b
     return parts
 
 
-def derive_merges(ranks: dict[bytes, int]) -> list[tuple[str, str]]:
+def derive_merges(ranks: dict[bytes, int], unmerged: list | None = None) -> list[tuple[str, str]]:
     """Merge list in rank order: for every token of >= 2 bytes, the last pair BPE forms it from.
 
-    Merging the token's bytes with only lower ranks allowed must end in exactly two parts.
+    Merging the token's bytes with only lower ranks allowed must end in exactly two parts; a token where it does
+    not gets no merge (appended to ``unmerged`` as ``(rank, token bytes)`` when a list is given).
     """
     merges = []
     for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(tok) < 2:
             continue
         parts = _merge_below(tok, ranks, rank)
-        assert len(parts) == 2, f"token {tok!r} (rank {rank}) is not a merge of two lower-ranked tokens"
+        if len(parts) != 2:
+            if unmerged is not None:
+                unmerged.append((rank, tok))
+            continue
         merges.append((_to_unicode(parts[0]), _to_unicode(parts[1])))
     return merges
 
@@ -75,10 +81,11 @@ def derive_merges(ranks: dict[bytes, int]) -> list[tuple[str, str]]:
 def _added_tokens(flavor: str) -> list[tuple[int, str, bool]]:
     if flavor not in ADDED_TOKENS:
         raise ValueError(f"unknown flavor {flavor!r}; expected one of {sorted(ADDED_TOKENS)}")
-    return [(NUM_BASE_TOKENS + i, c, s) for i, (c, s) in enumerate(ADDED_TOKENS[flavor])]
+    base = VOCABULARIES[FLAVOR_VOCABULARY[flavor]].num_base
+    return [(base + i, c, s) for i, (c, s) in enumerate(ADDED_TOKENS[flavor])]
 
 
-def _tokenizer_json(vocab, merges, added) -> dict:
+def _tokenizer_json(vocab, merges, added, pattern: str = SPLIT_PATTERN, normalizer: str | None = "NFC") -> dict:
     """The ``tokenizers`` save format (keys in its serialization order)."""
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     return {
@@ -87,9 +94,9 @@ def _tokenizer_json(vocab, merges, added) -> dict:
         "padding": None,
         "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": s} for i, c, s in added],
-        "normalizer": {"type": "NFC"},
+        "normalizer": {"type": normalizer} if normalizer else None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": SPLIT_PATTERN}, "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
             byte_level]},
         "post_processor": byte_level,
         "decoder": byte_level,
@@ -99,7 +106,7 @@ def _tokenizer_json(vocab, merges, added) -> dict:
     }
 
 
-def _tokenizer_config(added, chat_template: str) -> dict:
+def _tokenizer_config(added, chat_template: str, model_max_length: int = 131072) -> dict:
     """``tokenizer_config.json`` as transformers saves it for the official models."""
     return {
         "add_bos_token": False,
@@ -112,7 +119,7 @@ def _tokenizer_config(added, chat_template: str) -> dict:
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
         "errors": "replace",
-        "model_max_length": 131072,
+        "model_max_length": model_max_length,
         "pad_token": "<|endoftext|>",
         "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer",
@@ -129,13 +136,16 @@ def write_tokenizer_files(out_dir, flavor: str, chat_template: str) -> list[Path
     if not isinstance(chat_template, str):
         raise TypeError("chat_template must be the Jinja template text")
     added = _added_tokens(flavor)
-    ranks = bundled_ranks()
+    vocabulary = VOCABULARIES[FLAVOR_VOCABULARY[flavor]]
+    ranks = vocabulary_ranks(vocabulary.name)
     vocab, merges = vocab_from_ranks(ranks), derive_merges(ranks)
+    tokenizer = _tokenizer_json(vocab, merges, added, SPLIT_RULES[vocabulary.split_rule], vocabulary.normalizer)
+    max_length = 262144 if vocabulary.name == "qwen3.6" else 131072
     contents = {
         "vocab.json": json.dumps(vocab, ensure_ascii=False, separators=(",", ":")),
         "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
-        "tokenizer.json": json.dumps(_tokenizer_json(vocab, merges, added), ensure_ascii=False, indent=2),
-        "tokenizer_config.json": json.dumps(_tokenizer_config(added, chat_template), ensure_ascii=False,
+        "tokenizer.json": json.dumps(tokenizer, ensure_ascii=False, indent=2),
+        "tokenizer_config.json": json.dumps(_tokenizer_config(added, chat_template, max_length), ensure_ascii=False,
                                             indent=2, sort_keys=True) + "\n",
     }
     out = Path(out_dir)

@@ -27,7 +27,7 @@ except (ImportError, AttributeError) as exc:  # pragma: no cover - depends on th
         "`pip install -e .` in the repository (or run scripts/setup.sh). There is no pure-Python fallback."
     ) from exc
 
-from .vocab import ADDED_TOKENS, DATA_DIR, NUM_BASE_TOKENS, VOCAB_FILE
+from .vocab import ADDED_TOKENS, DATA_DIR, FLAVOR_VOCABULARY, VOCABULARIES, flavor_of
 
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -108,12 +108,19 @@ class Tokenizer:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def bundled(cls, flavor: str = "qwen3") -> "Tokenizer":
-        """The bundled Qwen2/2.5/3 vocabulary with ``flavor``'s added tokens and the Qwen2 split rule."""
+        """A bundled vocabulary with ``flavor``'s added tokens: ``qwen3`` (default), ``qwen2.5`` (both on the Qwen3
+        ranks, Qwen2 split rule) or ``qwen3.6`` (Qwen3.5/3.6 ranks and split rule; a model name such as
+        ``qwen3.5`` or ``Qwen/Qwen3.6-27B`` picks it too). A build without the Qwen3.6 ranks raises
+        ``VocabularyMissing`` for it."""
         if flavor not in ADDED_TOKENS:
-            raise ValueError(f"unknown flavor {flavor!r}; expected one of {sorted(ADDED_TOKENS)}")
-        engine = _bundled_engine().clone()
-        added = {c: NUM_BASE_TOKENS + i for i, (c, _special) in enumerate(ADDED_TOKENS[flavor])}
-        return cls(engine, added, "qwen2", NUM_BASE_TOKENS + len(added))
+            try:
+                flavor = flavor_of(flavor)
+            except (TypeError, ValueError):
+                raise ValueError(f"unknown flavor {flavor!r}; expected one of {sorted(ADDED_TOKENS)}") from None
+        vocab = VOCABULARIES[FLAVOR_VOCABULARY[flavor]]
+        engine = _bundled_engine(vocab.name).clone()
+        added = {c: vocab.num_base + i for i, (c, _special) in enumerate(ADDED_TOKENS[flavor])}
+        return cls(engine, added, vocab.split_rule, vocab.num_base + len(added), vocab.normalizer)
 
     @classmethod
     def from_file(cls, path) -> "Tokenizer":
@@ -214,22 +221,22 @@ def resolve_threads(threads: int | None) -> int:
     return threads
 
 
-_BUNDLED = None
+_BUNDLED: dict = {}
 
 
-def _bundled_engine():
-    """One engine for the bundled vocabulary per process (it is read-only once built).
+def _bundled_engine(name: str = "qwen3"):
+    """One engine per bundled vocabulary per process (it is read-only once built).
 
     Note: an engine carries scratch buffers and a cache. ``count``/``encode`` hold the GIL throughout, so
     CPython threads may share an engine; the batch calls with threads > 1 release it, but run on the
     engine's helper clones (never on the engine itself; they share its piece cache, which is safe for
     concurrent readers and writers) and one batch at a time per engine.
     """
-    global _BUNDLED
-    if _BUNDLED is None:
-        with open(VOCAB_FILE, "rb") as fh:
-            _BUNDLED = _core.Engine.from_tiktoken(fh.read())
-    return _BUNDLED
+    engine = _BUNDLED.get(name)
+    if engine is None:
+        with open(VOCABULARIES[name].require(), "rb") as fh:
+            engine = _BUNDLED[name] = _core.Engine.from_tiktoken(fh.read())
+    return engine
 
 
 __all__ = ["Tokenizer", "SPLIT_RULES", "QWEN2_PATTERN", "QWEN35_PATTERN"]

