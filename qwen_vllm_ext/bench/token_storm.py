@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--turns", type=int, default=1, help="turns per session (multi-turn conversations)")
     w.add_argument("--template", default="auto",
                    help="chat template the calculator counts with (qwen3, qwen3-reuse, qwen2.5, qwen3.5); auto: the "
-                        "one whose count matches the server's /tokenize on a probe conversation")
+                        "one (and the vocabulary) whose count matches the server's /tokenize on probe conversations")
+    w.add_argument("--vocabulary", default="qwen3", choices=("qwen3", "qwen3.6"),
+                   help="bundled vocabulary the calculator counts with (set with --template auto)")
     w.add_argument("--field-mix", type=float, default=0.0,
                    help="chat: fraction of requests that also set prompt-changing fields (reasoning_effort, "
                         "chat_template_kwargs.enable_thinking, tools with tool_choice none) and n=2 "
@@ -124,12 +126,13 @@ def server_max_model_len(base_url: str, model: str, api_key: str | None) -> int 
 # on a missing system message (qwen2.5 injects its default one): one probe of each.
 PROBES = ([{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
            {"role": "user", "content": "c"}], [{"role": "user", "content": "a"}])
-CANDIDATE_TEMPLATES = ("qwen3", "qwen3-reuse", "qwen2.5")
+CANDIDATE_TEMPLATES = (("qwen3", "qwen3"), ("qwen3", "qwen3-reuse"), ("qwen3", "qwen2.5"), ("qwen3.6", "qwen3.5"))
+"""(bundled vocabulary, chat template) pairs the calculator can count with."""
 
 
-def detect_template(base_url: str, model: str, api_key: str | None) -> tuple[str, str]:
-    """(template, how it was chosen): the candidate whose counts of probe conversations equal the counts of the
-    server's own ``/tokenize`` (vLLM renders them with the template it serves)."""
+def detect_template(base_url: str, model: str, api_key: str | None) -> tuple[str, str, str]:
+    """(vocabulary, template, how they were chosen): the candidate whose counts of probe conversations equal the
+    counts of the server's own ``/tokenize`` (vLLM renders them with the template it serves)."""
     import httpx
     from qwen_v3_calculator import Calculator
 
@@ -140,12 +143,13 @@ def detect_template(base_url: str, model: str, api_key: str | None) -> tuple[str
         served = [httpx.post(base + "/tokenize", headers=headers, json={"model": model, "messages": p},
                              timeout=30).json()["count"] for p in PROBES]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        return "qwen3", f"qwen3 (default: the server's /tokenize did not answer: {exc!r})"
-    calc = Calculator()
-    for name in CANDIDATE_TEMPLATES:
+        return "qwen3", "qwen3", f"qwen3 (default: the server's /tokenize did not answer: {exc!r})"
+    for vocabulary, name in CANDIDATE_TEMPLATES:
+        calc = Calculator(model=vocabulary)
         if [calc.count_chat(p, template=name) for p in PROBES] == served:
-            return name, f"{name} (matches the server's /tokenize on probe conversations)"
-    return "qwen3", f"qwen3 (default: no known template gives the server's counts {served} for the probes)"
+            return vocabulary, name, (f"{name}, {vocabulary} vocabulary (matches the server's /tokenize on probe "
+                                      f"conversations)")
+    return "qwen3", "qwen3", f"qwen3 (default: no known template gives the server's counts {served} for the probes)"
 
 
 def make_sessions(args) -> list[Session]:
@@ -166,7 +170,7 @@ class Storm:
 
         self.args = args
         self.sessions = sessions
-        self.prompts = PromptFactory(seed=args.seed, template=args.template)
+        self.prompts = PromptFactory(seed=args.seed, template=args.template, model=args.vocabulary)
         self.records: list[RequestRecord] = []
         self.t0 = 0.0
         self.bar = None
@@ -366,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_model_len = server_max_model_len(args.base_url, args.model, args.api_key)
     template_note = args.template
     if args.template == "auto":
-        args.template, template_note = detect_template(args.base_url, args.model, args.api_key)
+        args.vocabulary, args.template, template_note = detect_template(args.base_url, args.model, args.api_key)
     try:
         sessions = make_sessions(args)
     except (ValueError, OSError) as exc:

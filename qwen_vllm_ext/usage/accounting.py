@@ -33,11 +33,47 @@ class EngineCounts:
     arrival_time: float
     first_token_latency: float | None
     finished_at: float
+    reasoning_tokens: int = 0  # generated tokens inside a reasoning block (reasoning_tokens())
 
     @property
     def engine_prompt_tokens(self) -> int:
         """Prompt tokens as ``vllm:prompt_tokens_total`` counted them (only once prefilled)."""
         return self.prompt_tokens if self.prefilled else 0
+
+
+class ReasoningCounter:
+    """Generated tokens inside a reasoning block, exactly: a block opens at the ``start`` marker (``<think>``) and
+    closes at ``end`` (``</think>``); markers themselves are not counted. A prompt whose last marker is ``start``
+    (the Qwen3.5/3.6 template's generation prompt ends with ``<think>\\n`` when thinking is on) leaves the block
+    open, so everything generated before ``</think>`` is reasoning. ``feed`` takes the ids as they arrive."""
+
+    __slots__ = ("start", "end", "open", "count")
+
+    def __init__(self, start: int | None, end: int | None, prompt_ids=()):
+        self.start, self.end, self.count = start, end, 0
+        self.open = False
+        if start is not None and end is not None:
+            for tok in reversed(prompt_ids or ()):
+                if tok == start or tok == end:
+                    self.open = tok == start
+                    break
+
+    def feed(self, ids) -> int:
+        if self.start is None or self.end is None:
+            return 0
+        for tok in ids:
+            if tok == self.end:
+                self.open = False
+            elif tok == self.start:
+                self.open = True
+            elif self.open:
+                self.count += 1
+        return self.count
+
+
+def reasoning_tokens(prompt_ids, output_ids, start: int | None, end: int | None) -> int:
+    """Reasoning tokens of one generated sequence (see :class:`ReasoningCounter`)."""
+    return ReasoningCounter(start, end, prompt_ids).feed(output_ids)
 
 
 @dataclasses.dataclass
@@ -48,6 +84,7 @@ class RequestTotals:
     engine_prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0
     finish: str | None = None  # "stop" | "length" | "abort" | "error" | None (never reached the engine)
     first_token_at: float | None = None
     parts: int = 0
@@ -63,6 +100,7 @@ class RequestTotals:
                 totals.cached_tokens += p.cached_tokens
             totals.engine_prompt_tokens += p.engine_prompt_tokens
             totals.completion_tokens += p.completion_tokens
+            totals.reasoning_tokens += p.reasoning_tokens
             if p.first_token_latency is not None:
                 at = p.arrival_time + p.first_token_latency
                 totals.first_token_at = at if totals.first_token_at is None else min(totals.first_token_at, at)

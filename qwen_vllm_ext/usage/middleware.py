@@ -154,9 +154,9 @@ class UsageLedgerMiddleware:
     def _build_record(self, scope, engine_id, state, totals: RequestTotals, final_usage, body: dict):
         now = time.time()
         status = _status(totals, state["http_status"] or 200, state["disconnected"])
-        reasoning = 0
+        reasoning = 0  # reported where vLLM reports it (a reasoning parser is on), counted exactly by the engine hook
         if final_usage is not None and getattr(final_usage, "completion_tokens_details", None) is not None:
-            reasoning = final_usage.completion_tokens_details.reasoning_tokens or 0
+            reasoning = totals.reasoning_tokens
         billed_prompt = billed_prompt_tokens(totals.prompt_tokens, totals.engine_prompt_tokens)
         bill = self.policy.bill(billed_prompt, totals.completion_tokens,
                                 cached_tokens=min(totals.cached_tokens, billed_prompt))

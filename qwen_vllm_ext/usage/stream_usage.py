@@ -6,7 +6,10 @@ With the ``per_chunk_usage`` setting on (default):
   completion serving modules: every chunk carries cumulative ``usage`` and the final ``choices: []`` usage chunk
   is always sent, whether or not the client asked (``stream_options``);
 * every usage object also gets ``prompt_tokens_details.cached_tokens`` (vLLM puts it on the final usage only)
-  and ``billing``: the billed figures of the calculator's billing policy (exact decimal strings).
+  and ``billing``: the billed figures of the calculator's billing policy (exact decimal strings);
+* where vLLM reports ``completion_tokens_details.reasoning_tokens`` (a reasoning parser is on), chat chunks carry
+  the exact count of the tokens generated so far inside the reasoning block (``accounting.ReasoningCounter`` over
+  the engine's ids); vLLM's own streaming count lags by the tokens its detokenizer holds back.
 
 Touches vLLM only through the two serving classes' stream generators and their ``should_include_usage`` name
 (``vllm/entrypoints/openai/{chat_completion,completion}/serving.py``).
@@ -15,6 +18,9 @@ from __future__ import annotations
 
 import functools
 import json
+
+from .accounting import ReasoningCounter
+from .engine_hooks import think_markers
 
 _MARK = "_qwen_vllm_ext_stream_usage"
 
@@ -36,7 +42,7 @@ def billing_fields(policy, usage: dict) -> dict:
     return to_jsonable(bill)
 
 
-def rewrite_sse(event: str, cached_tokens, policy) -> str:
+def rewrite_sse(event: str, cached_tokens, policy, reasoning=None) -> str:
     """Add cached tokens and billing to the ``usage`` of one ``data: {...}\\n\\n`` event (others unchanged).
 
     ``cached_tokens``: an int, None (leave as is) or a callable ``chunk -> int | None`` for endpoints whose
@@ -58,6 +64,11 @@ def rewrite_sse(event: str, cached_tokens, policy) -> str:
         details = usage.get("prompt_tokens_details") or {}
         details["cached_tokens"] = min(cached_tokens, usage.get("prompt_tokens", 0))
         usage["prompt_tokens_details"] = details
+    details = usage.get("completion_tokens_details")
+    if reasoning is not None and isinstance(details, dict):
+        count = reasoning(chunk)
+        if count is not None:
+            details["reasoning_tokens"] = count
     if policy is not None:
         usage["billing"] = billing_fields(policy, usage)
     return "data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) + "\n\n"
@@ -87,14 +98,29 @@ def install(settings) -> bool:
     @functools.wraps(original_chat)
     async def chat_stream(self, request, result_generator, *args, **kwargs):
         seen = {}
+        tokenizer = kwargs.get("tokenizer", args[3] if len(args) > 3 else None)  # (request_id, model, conv, tokenizer)
+        markers = think_markers(tokenizer) if tokenizer is not None else (None, None)
+        counters: dict[int, ReasoningCounter] = {}
 
         async def tap():
             async for res in result_generator:
                 seen.setdefault("cached", res.num_cached_tokens)
+                for out in res.outputs:  # streamed: each output holds the new ids only
+                    counter = counters.get(out.index)
+                    if counter is None:
+                        counter = counters[out.index] = ReasoningCounter(*markers, res.prompt_token_ids)
+                    counter.feed(out.token_ids)
                 yield res
 
+        def reasoning_for(chunk):
+            choices = chunk.get("choices") or []
+            if not choices:  # the final usage chunk: every choice
+                return sum(c.count for c in counters.values()) if counters else None
+            counter = counters.get(choices[0].get("index", 0))
+            return counter.count if counter is not None else None
+
         async for event in original_chat(self, request, tap(), *args, **kwargs):
-            yield rewrite_sse(event, seen.get("cached"), policy)
+            yield rewrite_sse(event, seen.get("cached"), policy, reasoning_for)
 
     completion_cls = completion_serving.OpenAIServingCompletion
     original_completion = completion_cls.completion_stream_generator

@@ -195,13 +195,13 @@ class FakeOpenAI:
     """A minimal streaming /v1/chat/completions server with a configurable fault (test double for unit tests;
     the e2e test runs TokenStorm against the real vLLM server)."""
 
-    def __init__(self, fault=None, tpm=None, deny_at=None, template="qwen3"):
+    def __init__(self, fault=None, tpm=None, deny_at=None, template="qwen3", vocabulary="qwen3"):
         self.fault = fault
         self.deny_at = deny_at  # the n-th request (1-based) is denied although the quota has room
         self.seen = 0
         self.tpm_left = tpm
         self.lock = threading.Lock()
-        self.counter = PromptFactory(template=template)
+        self.counter = PromptFactory(template=template, model=vocabulary)
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -295,16 +295,17 @@ def test_cli_detects_accounting_faults(tmp_path, capsys, fault, check):
     assert "accounting: 6 requests checked" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("template", ["qwen3", "qwen3-reuse", "qwen2.5"])
-def test_template_is_detected_from_the_servers_tokenize(template):
-    srv = FakeOpenAI(template=template)
+@pytest.mark.parametrize("vocabulary,template", [("qwen3", "qwen3"), ("qwen3", "qwen3-reuse"), ("qwen3", "qwen2.5"),
+                                                 ("qwen3.6", "qwen3.5")])
+def test_template_is_detected_from_the_servers_tokenize(vocabulary, template):
+    srv = FakeOpenAI(template=template, vocabulary=vocabulary)
     try:
-        name, how = token_storm.detect_template(srv.url + "/v1", "m", None)
+        vocab, name, how = token_storm.detect_template(srv.url + "/v1", "m", None)
     finally:
         srv.close()
-    assert name == template and "matches" in how
-    name, how = token_storm.detect_template("http://127.0.0.1:9", "m", None)  # nothing listens there
-    assert name == "qwen3" and "did not answer" in how
+    assert (vocab, name) == (vocabulary, template) and "matches" in how
+    vocab, name, how = token_storm.detect_template("http://127.0.0.1:9", "m", None)  # nothing listens there
+    assert (vocab, name) == ("qwen3", "qwen3") and "did not answer" in how
 
 
 def storm(srv, out, n, *extra):
