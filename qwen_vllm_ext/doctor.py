@@ -292,6 +292,10 @@ class Doctor:
         if worst < REUSE_MIN:
             self.add("kv reuse", "FAIL", seen, fix_template if not kv.get("reuse_template") else
                      "cache pressure (KV-cache usage) or a template that rewrites earlier turns")
+        elif not kv.get("reuse_template") and kv.get("reuse_template_applies") is False:
+            # not a Qwen3 hybrid-thinking model (e.g. Qwen3.5/3.6): the qwen3-reuse template is not for it
+            self.add("kv reuse", "PASS", f"{seen}; the qwen3-reuse template does not apply "
+                     f"({kv.get('reuse_template_note')})")
         elif not kv.get("reuse_template"):
             self.add("kv reuse", "WARN", seen + "; the qwen3-reuse template is off", fix_template)
         else:

@@ -26,6 +26,7 @@ logger = logging.getLogger("qwen_vllm_ext.kv")
 _SLEEPER: IdleSleeper | None = None
 _TASK: asyncio.Task | None = None
 _TEMPLATE: str | None = None  # the calculator template vLLM serves ("qwen3-reuse" in reuse mode)
+_APPLIES: tuple[bool, str] | None = None  # does the reuse template apply to the served model (and why)
 
 
 def sleep_metrics():
@@ -104,9 +105,10 @@ def attach(app, settings) -> None:
 async def init_state(engine_client, state, settings, args=None) -> None:
     """Record the served template; start the idle-sleep timer on this API server when ``idle_sleep_s > 0`` (the
     launcher has checked the platform supports sleep mode and added ``--enable-sleep-mode``)."""
-    global _SLEEPER, _TASK, _TEMPLATE
+    global _SLEEPER, _TASK, _TEMPLATE, _APPLIES
     if args is not None:
         _TEMPLATE = reuse.served_template(args)
+        _APPLIES = reuse.reuse_template_applies(args.model)
     if settings.idle_sleep_s <= 0 or engine_client is None:
         return
 
@@ -133,4 +135,6 @@ def sleeper_status() -> dict | None:
 def status() -> dict:
     """For the health route: the chat template family served in this API server and the idle-sleep state."""
     return {"reuse_template": _TEMPLATE == reuse.REUSE_TEMPLATE, "template": _TEMPLATE or "model default",
+            "reuse_template_applies": None if _APPLIES is None else _APPLIES[0],
+            "reuse_template_note": None if _APPLIES is None else _APPLIES[1],
             "conversations_tracked": len(reuse.tracker()), "idle_sleep": sleeper_status()}

@@ -47,11 +47,12 @@ class ReasoningCounter:
     (the Qwen3.5/3.6 template's generation prompt ends with ``<think>\\n`` when thinking is on) leaves the block
     open, so everything generated before ``</think>`` is reasoning. ``feed`` takes the ids as they arrive."""
 
-    __slots__ = ("start", "end", "open", "count")
+    __slots__ = ("start", "end", "open", "count", "history")
 
-    def __init__(self, start: int | None, end: int | None, prompt_ids=()):
+    def __init__(self, start: int | None, end: int | None, prompt_ids=(), keep_history: bool = False):
         self.start, self.end, self.count = start, end, 0
         self.open = False
+        self.history: list[int] | None = [0] if keep_history else None  # count after each fed token
         if start is not None and end is not None:
             for tok in reversed(prompt_ids or ()):
                 if tok == start or tok == end:
@@ -59,16 +60,25 @@ class ReasoningCounter:
                     break
 
     def feed(self, ids) -> int:
-        if self.start is None or self.end is None:
-            return 0
         for tok in ids:
-            if tok == self.end:
+            if self.start is None or self.end is None:
+                pass
+            elif tok == self.end:
                 self.open = False
             elif tok == self.start:
                 self.open = True
             elif self.open:
                 self.count += 1
+            if self.history is not None:
+                self.history.append(self.count)
         return self.count
+
+    def at(self, n: int) -> int:
+        """The count after the first ``n`` fed tokens (``keep_history``): a streamed chunk reports the tokens sent
+        so far, which may trail the tokens the engine has already produced."""
+        if self.history is None:
+            raise ValueError("ReasoningCounter(keep_history=True) is needed for at()")
+        return self.history[max(0, min(n, len(self.history) - 1))]
 
 
 def reasoning_tokens(prompt_ids, output_ids, start: int | None, end: int | None) -> int:

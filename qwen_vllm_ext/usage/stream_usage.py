@@ -108,16 +108,21 @@ def install(settings) -> bool:
                 for out in res.outputs:  # streamed: each output holds the new ids only
                     counter = counters.get(out.index)
                     if counter is None:
-                        counter = counters[out.index] = ReasoningCounter(*markers, res.prompt_token_ids)
+                        counter = counters[out.index] = ReasoningCounter(*markers, res.prompt_token_ids,
+                                                                         keep_history=True)
                     counter.feed(out.token_ids)
                 yield res
 
         def reasoning_for(chunk):
+            # the chunk's own completion_tokens: the engine may already have produced more than were sent
+            sent = (chunk.get("usage") or {}).get("completion_tokens")
             choices = chunk.get("choices") or []
             if not choices:  # the final usage chunk: every choice
                 return sum(c.count for c in counters.values()) if counters else None
             counter = counters.get(choices[0].get("index", 0))
-            return counter.count if counter is not None else None
+            if counter is None:
+                return None
+            return counter.at(sent) if isinstance(sent, int) else counter.count
 
         async for event in original_chat(self, request, tap(), *args, **kwargs):
             yield rewrite_sse(event, seen.get("cached"), policy, reasoning_for)

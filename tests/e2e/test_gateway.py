@@ -28,9 +28,9 @@ def make_key(data_dir: Path, *args, redis_url: str | None = None) -> dict:
     return json.loads(proc.stdout)
 
 
-def chat(client, secret, messages=HI, max_tokens=5, **extra):
+def chat(client, secret, messages=HI, max_tokens=5, model=SERVED_NAME, **extra):
     return client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {secret}"},
-                       json={"model": SERVED_NAME, "messages": messages, "max_tokens": max_tokens,
+                       json={"model": model, "messages": messages, "max_tokens": max_tokens,
                              "ignore_eos": True, **extra})
 
 
@@ -363,14 +363,14 @@ def usage_counts(kind, response) -> tuple[int, int]:
     return prompt, prompt + usage["output_tokens"]
 
 
-def run_field_mix(server, seed, count, name):
+def run_field_mix(server, seed, count, name, model=SERVED_NAME):
     """Send the seeded field mix in chunks of one fresh key each; per request, the admission count must equal
     the engine's prompt tokens; per chunk, the key's TPM window must hold exactly what usage says was used."""
     from qwen_vllm_ext.bench.field_mix import PATHS, bodies, fields_set
     from qwen_vllm_ext.gateway.request_fields import FIELDS
 
     outcomes, covered = [], {kind: set() for kind in PATHS}
-    mix = bodies(seed, count, SERVED_NAME)
+    mix = bodies(seed, count, model)
     client = httpx.Client(base_url=server.base_url, timeout=120)
     tpm, chunk = 10**6, 10  # 10 requests per key stay under the test server's spike threshold
     for start in range(0, len(mix), chunk):
@@ -390,9 +390,10 @@ def run_field_mix(server, seed, count, name):
             elif error.get("code") == "unsupported_parameter":
                 assert r.status_code == 400 and error["param"], r.text
         time.sleep(0.3)  # the last reconciliation
-        probe = chat(client, key["key"], max_tokens=1)
+        probe = chat(client, key["key"], max_tokens=1, model=model)
         assert time.monotonic() - began < 55, "a chunk outlived the 60 s window: the sum below would be wrong"
-        assert int(probe.headers["x-ratelimit-remaining-tokens"]) == tpm - used - 10, (name, start)
+        assert int(probe.headers["x-ratelimit-remaining-tokens"]) == \
+            tpm - used - int(probe.headers["x-qwen-reserved-tokens"]), (name, start)
     return outcomes, covered
 
 

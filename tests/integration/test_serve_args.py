@@ -119,3 +119,21 @@ def test_a_fleet_replica_refuses_per_host_state():
                               "redis", "--qwen-limiter-backend", "redis", "--qwen-ledger-redis-url",
                               "redis://127.0.0.1:6379/0"], environ={}, gpus=[])
     assert args.model == "Qwen/Qwen3-8B"
+
+
+def test_the_qwen36_demo_and_family_flags():
+    """``--model qwen36-demo``: the cached hybrid demo, bf16 (the CPU Gated DeltaNet kernels), the family's parsers and
+    prefix match unit; a float32 request for it is refused with the fix; user flags win."""
+    args, final, *_ = serve.resolve(["--model", "qwen36-demo"], environ={}, gpus=[])
+    assert args.dtype == "bfloat16" and args.served_model_name == ["qwen36-demo"]
+    assert args.reasoning_parser == "qwen3" and args.tool_call_parser == "qwen3_coder" and args.enable_auto_tool_choice
+    assert args.prefix_match_unit == 16 and "qwen36-tiny-demo" in args.model
+    with pytest.raises(serve.LaunchError, match="bfloat16"):
+        serve.resolve(["--model", "qwen36-demo", "--dtype", "float32"], environ={}, gpus=[])
+    args, *_ = serve.resolve(["--model", "qwen36-demo", "--prefix-match-unit", "32", "--reasoning-parser", "deepseek_r1",
+                              "--no-enable-prefix-caching"], environ={}, gpus=[])
+    assert args.prefix_match_unit == 32 and args.reasoning_parser == "deepseek_r1"
+    args, *_ = serve.resolve(["--model", "qwen36-demo", "--no-enable-prefix-caching"], environ={}, gpus=[])
+    assert args.prefix_match_unit is None
+    dense, *_ = serve.resolve([], environ={}, gpus=[])  # the Qwen3 demo is served as before: no parsers
+    assert dense.dtype == "float32" and not dense.reasoning_parser and dense.prefix_match_unit is None
