@@ -17,6 +17,7 @@ def _fetch_vocabularies() -> None:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calculator_cython", "qwen_v3_calculator", "vocab.py")
     spec = importlib.util.spec_from_file_location("_qwen_v3_calculator_vocab", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)  # standard library only: nothing of the package is imported
     try:
         module.fetch("qwen3.6")
