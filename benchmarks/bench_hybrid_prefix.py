@@ -2,7 +2,7 @@
 """Prefix-cache reuse across the turns of one conversation on the hybrid demo (``--model qwen36-demo``), per config.
 
 For each config a fresh server is started through the launcher (``python -m qwen_vllm_ext.serve --model qwen36-demo``
-plus the config's flags), one conversation of ``--requests`` requests is sent (request k = the previous request's
+plus the config's flags), one conversation (each request generates ``--max-tokens``) of ``--requests`` requests is sent (request k = the previous request's
 messages + a canned assistant answer of ``--answer-tokens`` tokens + a new user message of ``--new-tokens`` tokens;
 the official Qwen3.5 template, thinking on unless ``--no-thinking``), and per request the prompt tokens and the
 cached tokens vLLM reports are recorded, plus the KV-cache usage (``vllm:kv_cache_usage_perc``) after the last one.
@@ -60,18 +60,23 @@ def kv_usage(base_url: str) -> float | None:
     return None
 
 
-def run_config(name: str, convo: list[list[dict]], thinking: bool, logdir: str) -> dict:
+def run_config(name: str, convo: list[list[dict]], thinking: bool, logdir: str, max_tokens: int = 16) -> dict:
     server = ServeProcess(["--model", MODEL, *CONFIGS[name]], os.path.join(logdir, f"{name}.log"), label=name)
     try:
         server.wait_healthy(600)
         rows = []
         with httpx.Client(base_url=server.base_url, timeout=300) as c:
             for k, messages in enumerate(convo):
-                r = c.post("/v1/chat/completions", json={
-                    "model": MODEL, "messages": messages, "max_tokens": 1,
-                    "chat_template_kwargs": {"enable_thinking": thinking}})
-                r.raise_for_status()
-                u = r.json()["usage"]
+                # streamed: the extension puts cached tokens on every chunk's usage (a plain response has them only
+                # with --enable-prompt-tokens-details)
+                u = None
+                with c.stream("POST", "/v1/chat/completions", json={
+                        "model": MODEL, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True,
+                        "stream": True, "chat_template_kwargs": {"enable_thinking": thinking}}) as s:
+                    s.raise_for_status()
+                    for line in s.iter_lines():
+                        if line.startswith("data: {"):
+                            u = json.loads(line[6:]).get("usage") or u
                 rows.append({"request": k, "prompt_tokens": u["prompt_tokens"],
                              "cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0})
         return {"config": name, "flags": CONFIGS[name], "rows": rows, "kv_cache_usage_perc": kv_usage(server.base_url)}
@@ -86,6 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=120)
     ap.add_argument("--answer-tokens", type=int, default=16)
     ap.add_argument("--no-thinking", action="store_true")
+    ap.add_argument("--max-tokens", type=int, default=16, help="generated per request (the answer is canned)")
     ap.add_argument("--out", default="benchmarks/results/hybrid_prefix.json")
     args = ap.parse_args(argv)
     convo = conversation(args.requests, args.new_tokens, args.answer_tokens)
@@ -93,7 +99,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as logdir:
         for name in args.configs.split(","):
             started = time.monotonic()
-            results.append(run_config(name, convo, not args.no_thinking, logdir))
+            results.append(run_config(name, convo, not args.no_thinking, logdir, args.max_tokens))
             print(f"{name}: {time.monotonic() - started:.0f}s", file=sys.stderr)
     print(f"{'request':>7} {'prompt':>6} " + " ".join(f"{r['config']:>9}" for r in results))
     for k in range(args.requests):
