@@ -134,30 +134,24 @@ def write_config_only(output: str | os.PathLike, overrides: dict | None = None) 
 
 def build_demo_model(output: str | os.PathLike, seed: int = 0, variant: str = "demo") -> Path:
     """Write the demo model directory (or another ``VARIANTS`` entry) to ``output`` (existing files overwritten)."""
-    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from qwen_v3_calculator.hf_export import write_tokenizer_files
-
-    out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
-    config = {**CONFIG, **VARIANTS[variant]}
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**config)).to(torch.float32)
-    model.save_pretrained(out, safe_serialization=True)
-    # save_pretrained rewrites config.json in transformers' own layout; pin ours for reproducibility.
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
-    from .assets import chat_template
-
-    write_tokenizer_files(out, flavor="qwen3", chat_template=chat_template("qwen3"))
-    return out
+    return _write_model(output, Qwen3ForCausalLM, Qwen3Config, {**CONFIG, **VARIANTS[variant]}, GENERATION_CONFIG,
+                        "qwen3", "qwen3", seed)
 
 
 def build_hybrid_demo_model(output: str | os.PathLike, seed: int = 0) -> Path:
     """Write the Qwen3.6-family demo (``HYBRID_CONFIG``, bf16 weights, Qwen3.5/3.6 tokenizer, Qwen3.5 template)."""
-    import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    return _write_model(output, Qwen3NextForCausalLM, Qwen3NextConfig, HYBRID_CONFIG, HYBRID_GENERATION_CONFIG,
+                        "qwen3.6", "qwen3.5", seed)
+
+
+def _write_model(output, model_cls, config_cls, config: dict, generation_config: dict, flavor: str, template: str,
+                 seed: int) -> Path:
+    """Seeded random weights in the config's dtype, our config.json (pinned), the tokenizer files and the template."""
+    import torch
 
     from qwen_v3_calculator.hf_export import write_tokenizer_files
 
@@ -166,11 +160,12 @@ def build_hybrid_demo_model(output: str | os.PathLike, seed: int = 0) -> Path:
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = Qwen3NextForCausalLM(Qwen3NextConfig(**HYBRID_CONFIG)).to(torch.bfloat16)
+    model = model_cls(config_cls(**config)).to(getattr(torch, config["torch_dtype"]))
     model.save_pretrained(out, safe_serialization=True)
-    (out / "config.json").write_text(json.dumps(HYBRID_CONFIG, indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps(HYBRID_GENERATION_CONFIG, indent=2) + "\n")
-    write_tokenizer_files(out, flavor="qwen3.6", chat_template=chat_template("qwen3.5"))
+    # save_pretrained rewrites config.json in transformers' own layout; pin ours for reproducibility.
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
+    write_tokenizer_files(out, flavor=flavor, chat_template=chat_template(template))
     return out
 
 

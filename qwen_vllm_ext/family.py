@@ -36,7 +36,8 @@ class Family:
     dtype: str | None = None      # a dtype the family needs on this platform (hybrid on CPU: bfloat16)
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
+    """A JSON object file's contents; {} when it is missing, unreadable or not an object."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -47,7 +48,7 @@ def _read_json(path: str) -> dict:
 
 def _vocab_of_tokenizer(model_dir: str) -> str | None:
     """The bundled vocabulary a model directory's tokenizer matches by its added tokens (None: no tokenizer)."""
-    config = _read_json(os.path.join(model_dir, "tokenizer_config.json"))
+    config = read_json(os.path.join(model_dir, "tokenizer_config.json"))
     decoder = config.get("added_tokens_decoder") or {}
     ids = {v.get("content"): int(k) for k, v in decoder.items() if isinstance(v, dict) and str(k).isdigit()}
     if ids.get("<|im_end|>") == 248046:
@@ -60,7 +61,7 @@ def _vocab_of_tokenizer(model_dir: str) -> str | None:
 def detect(model: str, device: str = "cuda") -> Family:
     """The family of a model directory (config.json, tokenizer_config.json) or, for a hub id, of its name."""
     path = os.path.expanduser(model)
-    config = _read_json(os.path.join(path, "config.json")) if os.path.isdir(path) else {}
+    config = read_json(os.path.join(path, "config.json")) if os.path.isdir(path) else {}
     model_type = config.get("model_type")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     model_type = model_type or text.get("model_type")

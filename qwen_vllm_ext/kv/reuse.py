@@ -17,6 +17,8 @@ import os
 import re
 import threading
 
+from ..family import read_json as _read_json
+
 SESSION_HEADER = b"x-session-id"  # what clients send: vllm-router's consistent_hash hashes it (checked on 0.1.17)
 CONVERSATION_HEADERS = (SESSION_HEADER, b"x-conversation-id")  # first present wins
 VALID_CONVERSATION_ID = re.compile(r"^[A-Za-z0-9._:@~/+=-]{1,128}$")
@@ -28,15 +30,6 @@ QWEN3_MODEL_TYPES = ("qwen3", "qwen3_moe")
 # Hugging Face ids of the original Qwen3 hybrid-thinking checkpoints (Qwen3-8B, Qwen3-30B-A3B-FP8, ...).
 # The 2507 Instruct/Thinking, Coder, VL, Base, Next and Qwen3.5+ releases have other templates.
 _QWEN3_ID = re.compile(r"(?i)(?:^|/)qwen3-\d+(?:\.\d+)?b(?:-a\d+(?:\.\d+)?b)?(?:-(?:fp8|awq|gptq[\w-]*|int[48][\w-]*))?$")
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _model_template(model_dir: str) -> str:
