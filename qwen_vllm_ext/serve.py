@@ -183,7 +183,9 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
             skip.add("dtype")
             tail += ["--dtype", fam.dtype]
     final = head + profile.vllm_argv(skip, lambda f: _flag_dest(parser, f)) + rest + tail
-    prefix_caching = getattr(parser.parse_args(final), "enable_prefix_caching", None) is not False
+    # vLLM's default is on; the user's flag wins over the profile's
+    prefix_caching = (user_ns.enable_prefix_caching if "enable_prefix_caching" in given
+                      else profile.vllm.get("enable-prefix-caching")) is not False
     final += family.parser_flags(fam, given) + family.hybrid_flags(fam, given, prefix_caching)
     final += kv_flags(settings, profile, model, given, print_only=ours.print_command, announce=export)
     args = parser.parse_args(final)

@@ -106,7 +106,7 @@ def _tokenizer_json(vocab, merges, added, pattern: str = SPLIT_PATTERN, normaliz
     }
 
 
-def _tokenizer_config(added, chat_template: str, model_max_length: int = 131072) -> dict:
+def _tokenizer_config(added, chat_template: str, model_max_length: int) -> dict:
     """``tokenizer_config.json`` as transformers saves it for the official models."""
     return {
         "add_bos_token": False,
@@ -140,13 +140,12 @@ def write_tokenizer_files(out_dir, flavor: str, chat_template: str) -> list[Path
     ranks = vocabulary_ranks(vocabulary.name)
     vocab, merges = vocab_from_ranks(ranks), derive_merges(ranks)
     tokenizer = _tokenizer_json(vocab, merges, added, SPLIT_RULES[vocabulary.split_rule], vocabulary.normalizer)
-    max_length = 262144 if vocabulary.name == "qwen3.6" else 131072
     contents = {
         "vocab.json": json.dumps(vocab, ensure_ascii=False, separators=(",", ":")),
         "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
         "tokenizer.json": json.dumps(tokenizer, ensure_ascii=False, indent=2),
-        "tokenizer_config.json": json.dumps(_tokenizer_config(added, chat_template, max_length), ensure_ascii=False,
-                                            indent=2, sort_keys=True) + "\n",
+        "tokenizer_config.json": json.dumps(_tokenizer_config(added, chat_template, vocabulary.model_max_length),
+                                            ensure_ascii=False, indent=2, sort_keys=True) + "\n",
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -60,10 +60,8 @@ class ReasoningCounter:
                     break
 
     def feed(self, ids) -> int:
-        for tok in ids:
-            if self.start is None or self.end is None:
-                pass
-            elif tok == self.end:
+        for tok in ids:  # without markers (None) no id matches and the block never opens
+            if tok == self.end:
                 self.open = False
             elif tok == self.start:
                 self.open = True
