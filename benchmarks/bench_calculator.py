@@ -68,6 +68,7 @@ from __future__ import annotations
 import argparse
 import array
 import base64
+import functools
 import gc
 import glob
 import hashlib
@@ -671,15 +672,26 @@ def _reset_hwm() -> bool:
         return False
 
 
-def tiktoken_exact(ranks: dict):
-    """tiktoken configured like the reference pipeline: added tokens split first, NFC per segment, Qwen regex."""
+VOCAB_ENV = "QWEN_BENCH_VOCAB"  # the vocabulary of this run (--vocab), inherited by the worker processes
+
+
+def bench_vocab() -> str:
+    """``qwen3`` (default) or ``qwen3.6``: the bundled vocabulary every implementation is configured with."""
+    return os.environ.get(VOCAB_ENV, "qwen3")
+
+
+def tiktoken_exact(ranks: dict, vocab: str = "qwen3"):
+    """tiktoken configured like the reference pipeline: added tokens split first, NFC per segment, the vocabulary's
+    split regex and added tokens."""
     import unicodedata
 
     import tiktoken
-    from qwen_v3_calculator.hf_export import ADDED_TOKENS, SPLIT_PATTERN
+    from qwen_v3_calculator.tokenizer import SPLIT_RULES
+    from qwen_v3_calculator.vocab import ADDED_TOKENS, VOCABULARIES
 
-    special = {content: 151643 + i for i, (content, _) in enumerate(ADDED_TOKENS["qwen3"])}
-    enc = tiktoken.Encoding("qwen3", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+    v = VOCABULARIES[vocab]
+    special = {content: v.num_base + i for i, (content, _) in enumerate(ADDED_TOKENS[vocab])}
+    enc = tiktoken.Encoding(vocab, pat_str=SPLIT_RULES[v.split_rule], mergeable_ranks=ranks, special_tokens=special)
     split = re.compile("(" + "|".join(re.escape(s) for s in sorted(special, key=len, reverse=True)) + ")").split
     nfc = unicodedata.normalize
     ordinary = enc.encode_ordinary
@@ -731,19 +743,25 @@ def make_impl(name: str, paths: dict):
         import qwen_v3_calculator as q
         info["import_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        q.count_tokens("hello")  # builds the default Calculator (bundled Qwen3 vocabulary)
+        if bench_vocab() == "qwen3":
+            fn = q.count_tokens
+            what = "first qwen_v3_calculator.count_tokens() call (default Calculator)"
+        else:
+            fn = functools.partial(q.count_tokens, model=bench_vocab())
+            what = f"first qwen_v3_calculator.count_tokens(model={bench_vocab()!r}) call (its default Calculator)"
+        fn("hello")  # builds the default Calculator (bundled vocabulary)
         info["load_s"] = time.perf_counter() - t1
-        info["load_what"] = "first qwen_v3_calculator.count_tokens() call (default Calculator)"
-        return "per_doc_count", q.count_tokens, info
+        info["load_what"] = what
+        return "per_doc_count", fn, info
     if name.startswith("ours."):
         from qwen_v3_calculator.tokenizer import Tokenizer
         info["import_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        tok = Tokenizer.bundled("qwen3")
+        tok = Tokenizer.bundled(bench_vocab())
         info["bundled_s"] = time.perf_counter() - t1
         tok.count("hello")
         info["load_s"] = time.perf_counter() - t1
-        info["load_what"] = 'Tokenizer.bundled("qwen3") + first count()'
+        info["load_what"] = f'Tokenizer.bundled("{bench_vocab()}") + first count()'
         if name == "ours.Tokenizer.count":
             return "per_doc_count", tok.count, info
         if name == "ours.count_batch":
@@ -752,11 +770,11 @@ def make_impl(name: str, paths: dict):
             return "per_doc_ids", tok.encode, info
     if name == "tiktoken":
         import tiktoken.load
-        from qwen_v3_calculator.vocab import VOCAB_FILE
+        from qwen_v3_calculator.vocab import VOCABULARIES
         info["import_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        # tiktoken's own loader (the parent checked it equals qwen_v3_calculator.vocab.bundled_ranks())
-        fn = tiktoken_exact(tiktoken.load.load_tiktoken_bpe(VOCAB_FILE))
+        # tiktoken's own loader (the parent checked it equals qwen_v3_calculator.vocab.vocabulary_ranks())
+        fn = tiktoken_exact(tiktoken.load.load_tiktoken_bpe(VOCABULARIES[bench_vocab()].path), bench_vocab())
         fn("hello")
         info["load_s"] = time.perf_counter() - t1
         info["load_what"] = "tiktoken.load.load_tiktoken_bpe + tiktoken.Encoding + first encode"
@@ -914,7 +932,7 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
         for fn, want in (("count_tokens_batch", want_counts), ("encode_batch", want_ids)):
             states: dict = {}
             for state in ("first_pass", "warm"):
-                tok = Tokenizer.bundled()
+                tok = Tokenizer.bundled(bench_vocab())
                 call = getattr(tok, "count_batch" if fn == "count_tokens_batch" else "encode_batch")
                 if state == "warm":
                     call(texts, threads=1)
@@ -926,7 +944,7 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
                 for r in range(BATCH_ROUNDS):
                     for th in ((1, threads) if r % 2 == 0 else (threads, 1)):
                         if state == "first_pass":
-                            tok = Tokenizer.bundled()
+                            tok = Tokenizer.bundled(bench_vocab())
                             tok.count_batch(warmup, threads=th)
                             call = getattr(tok, "count_batch" if fn == "count_tokens_batch" else "encode_batch")
                         gc.disable()  # no collector pause inside a call (a full collection before each call would
@@ -1114,12 +1132,12 @@ def _diag_ids(impl: str, doc: str, paths: dict):
     if impl.startswith("ours."):
         if "ours" not in _DIAG:
             from qwen_v3_calculator.tokenizer import Tokenizer
-            _DIAG["ours"] = Tokenizer.bundled("qwen3").encode
+            _DIAG["ours"] = Tokenizer.bundled(bench_vocab()).encode
         return _DIAG["ours"](doc)
     if impl == "tiktoken":
         if "tt" not in _DIAG:
-            from qwen_v3_calculator.vocab import bundled_ranks
-            _DIAG["tt"] = tiktoken_exact(bundled_ranks())
+            from qwen_v3_calculator.vocab import vocabulary_ranks
+            _DIAG["tt"] = tiktoken_exact(vocabulary_ranks(bench_vocab()), bench_vocab())
         return _DIAG["tt"](doc)
     if impl == "hf.encode_batch":
         return None
@@ -1189,7 +1207,8 @@ def _steal_share(steal_s: float, wall_s: float, cpus: int) -> str:
 def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
     L = []
     st = corpus["stats"]
-    L.append(f"Qwen3 token counting benchmark - one core (cpu {meta['cpu']}), Python {meta['python']}, "
+    vocab_name = {"qwen3": "Qwen3", "qwen3.6": "Qwen3.5/3.6"}[meta.get("vocab", "qwen3")]
+    L.append(f"{vocab_name} token counting benchmark - one core (cpu {meta['cpu']}), Python {meta['python']}, "
              f"{'quick' if meta['quick'] else 'full'} run, corpus recipe {corpus['recipe']}, seed {corpus['seed']}, "
              f"corpus sha256 {corpus['sha256']}")
     L.append(f"load average at start/end: {meta['loadavg_start']} / {meta['loadavg']}   ({os.cpu_count()} CPUs; "
@@ -1470,7 +1489,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=float, default=None, help="mixed corpus size (default 4; --quick: 0.3)")
     ap.add_argument("--quick", action="store_true", help="small corpus (0.3 MB, 1500 chat messages), 2 trials (< 1 min)")
-    ap.add_argument("--json", default=os.path.join(RESULTS, "bench_calculator.json"), help="JSON output path")
+    ap.add_argument("--json", default=None, help="JSON output path (default: results/bench_calculator.json; with "
+                    "--vocab qwen3.6: bench_calculator-qwen3.6.json)")
+    ap.add_argument("--vocab", choices=("qwen3", "qwen3.6"), default="qwen3", help="the bundled vocabulary every "
+                    "implementation is configured with: ours, tiktoken (same ranks, split regex and added tokens) "
+                    "and HF (the tokenizer.json hf_export writes for it)")
     ap.add_argument("--try-bpe-qwen", action="store_true", help="pip install bpe-qwen into this environment first")
     ap.add_argument("--chat", type=int, default=None, help="number of chat messages (default 10000; --quick 1500)")
     ap.add_argument("--passes", type=int, default=2, help="timed passes per slice and process: the first over "
@@ -1499,6 +1522,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-only", action="store_true", help="only the batch section (no per-implementation "
                     "trials; writes the JSON as usual)")
     args = ap.parse_args(argv)
+    os.environ[VOCAB_ENV] = args.vocab if not args._worker else bench_vocab()
+    if args.json is None:
+        args.json = os.path.join(RESULTS, "bench_calculator.json" if args.vocab == "qwen3"
+                                 else f"bench_calculator-{args.vocab}.json")
     if args._worker:
         args.worker, args.slices, args.corpus, args.out, args.passes = (args._worker, args._slices, args._corpus,
                                                                         args._out, args._passes)
@@ -1551,14 +1578,14 @@ def main(argv=None) -> int:
     if args.try_bpe_qwen:
         maybe_install_bpe_qwen(log)
 
-    from qwen_v3_calculator.vocab import VOCAB_FILE, bundled_ranks
+    from qwen_v3_calculator.vocab import VOCABULARIES, vocabulary_ranks
     from qwen_v3_calculator.hf_export import write_tokenizer_files
     import tiktoken.load
     tmpdir = tempfile.mkdtemp(prefix="bench_calculator-")
-    write_tokenizer_files(tmpdir, "qwen3", chat_template="x")
-    ranks_ok = tiktoken.load.load_tiktoken_bpe(VOCAB_FILE) == bundled_ranks()
+    write_tokenizer_files(tmpdir, args.vocab, chat_template="x")
+    ranks_ok = tiktoken.load.load_tiktoken_bpe(VOCABULARIES[args.vocab].path) == vocabulary_ranks(args.vocab)
     if not ranks_ok:
-        log.append("WARNING: tiktoken's loader and qwen_v3_calculator.vocab.bundled_ranks() disagree")
+        log.append("WARNING: tiktoken's loader and qwen_v3_calculator.vocab.vocabulary_ranks() disagree")
     paths = {"tokenizer_json": os.path.join(tmpdir, "tokenizer.json"), "tokenizer_dir": tmpdir}
     corpus_path = os.path.join(tmpdir, "corpus.json")
     with open(corpus_path, "w", encoding="utf-8") as f:
@@ -1620,7 +1647,7 @@ def main(argv=None) -> int:
     loads = _loads(worker_results)
     mism = find_mismatches(corpus, merged, paths)
     steal_end = _steal_s()
-    meta = {"cpu": cpu, "python": sys.version.split()[0], "quick": args.quick, "passes": passes, "trials": trials,
+    meta = {"vocab": args.vocab, "cpu": cpu, "python": sys.version.split()[0], "quick": args.quick, "passes": passes, "trials": trials,
             "clock": args.clock,
             "loadavg_start": loadavg_start,
             "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]), "log": log, "ranks_equal": ranks_ok,

@@ -57,6 +57,7 @@ def _load_and_count(text):
 
 
 _count = _load_and_count
+_COUNTS: dict = {}  # model name -> its default calculator's engine.count (count_tokens with model=)
 
 
 def count_tokens(text: str, model: str | None = None) -> int:
@@ -64,7 +65,10 @@ def count_tokens(text: str, model: str | None = None) -> int:
     TypeError for anything but str."""
     if model is None:
         return _count(text)  # one Python frame, then the compiled engine: this is the per-message hot path
-    return default_calculator(model).count_tokens(text)
+    count = _COUNTS.get(model)
+    if count is None:  # first call for this name: build (or find) its calculator, then go to its engine directly
+        count = _COUNTS[model] = default_calculator(model).tokenizer._engine.count
+    return count(text)
 
 
 def encode(text: str, model: str | None = None) -> list[int]:
