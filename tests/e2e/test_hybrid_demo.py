@@ -147,6 +147,14 @@ def test_count_endpoint_and_gateway_count_equal_the_engine(hybrid):
             assert count_chat(messages, tools=tools, model="qwen3.6", **kwargs) == engine, name
             checked += 1
     assert checked >= 8
+    # scripts with combining marks (split differently by the Qwen2 and Qwen3.5 rules): vLLM's tokenizer must agree
+    marks = [{"role": "user", "content": "ผู้ประกอบการ เว็บไซต์ नमस्ते दुनिया Tiếng Việt"},
+             {"role": "assistant", "content": "ยินดีต้อนรับ हिन्दी"}, {"role": "user", "content": "ต่อ"}]
+    with client(server, key) as c:
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": marks, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        engine = r.json()["usage"]["prompt_tokens"]
+        assert int(r.headers["x-qwen-prompt-tokens"]) == engine == count_chat(marks, model="qwen3.6")
 
 
 def test_field_coverage_admission_count_equals_engine_count(hybrid):
@@ -166,7 +174,7 @@ def test_token_storm_accounting_is_clean(hybrid, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.bench.token_storm", "--base-url", server.base_url,
                            "--model", MODEL, "--api-key", key, "--ledger", str(data / "ledger.sqlite3"),
                            "--distribution", "normal", "--input-len", "300", "--output-len", "16", "--concurrency",
-                           "4", "--num-requests", "16", "--duration", "120", "--field-mix", "0.5",
+                           "4", "--turns", "2", "--num-requests", "16", "--duration", "120", "--field-mix", "0.5",
                            "--output-dir", str(tmp_path), "--strict", "--no-progress", "--no-plot"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
