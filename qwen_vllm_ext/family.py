@@ -91,9 +91,13 @@ def detect(model: str, device: str = "cuda") -> Family:
     return Family("unknown", model_type, hybrid, vocab, None, None, dtype)
 
 
-def hybrid_flags(family: Family, given: set[str], prefix_caching: bool) -> list[str]:
-    """vLLM flags for a hybrid model the user did not set: the match unit (only with prefix caching on)."""
+def hybrid_flags(family: Family, given: set[str], prefix_caching: bool, block_size: int | None = None) -> list[str]:
+    """vLLM flags for a hybrid model the user did not set: the match unit (only with prefix caching on). vLLM refuses
+    to start when a KV group's block size is not a multiple of the unit; the raised attention block is a multiple of
+    the configured block size, so a configured ``block_size`` the unit does not divide gets no unit."""
     if not family.hybrid or not prefix_caching or "prefix_match_unit" in given:
+        return []
+    if block_size and block_size % HYBRID_PREFIX_MATCH_UNIT:
         return []
     return ["--prefix-match-unit", str(HYBRID_PREFIX_MATCH_UNIT)]
 

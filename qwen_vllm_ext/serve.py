@@ -186,7 +186,8 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     # vLLM's default is on; the user's flag wins over the profile's
     prefix_caching = (user_ns.enable_prefix_caching if "enable_prefix_caching" in given
                       else profile.vllm.get("enable-prefix-caching")) is not False
-    final += family.parser_flags(fam, given) + family.hybrid_flags(fam, given, prefix_caching)
+    block_size = user_ns.block_size if "block_size" in given else profile.vllm.get("block-size")
+    final += family.parser_flags(fam, given) + family.hybrid_flags(fam, given, prefix_caching, block_size)
     final += kv_flags(settings, profile, model, given, print_only=ours.print_command, announce=export)
     args = parser.parse_args(final)
     if args.model_tag is not None:

@@ -135,5 +135,7 @@ def test_the_qwen36_demo_and_family_flags():
     assert args.prefix_match_unit == 32 and args.reasoning_parser == "deepseek_r1"
     args, *_ = serve.resolve(["--model", "qwen36-demo", "--no-enable-prefix-caching"], environ={}, gpus=[])
     assert args.prefix_match_unit is None
+    args, *_ = serve.resolve(["--model", "qwen36-demo", "--block-size", "8"], environ={}, gpus=[])
+    assert args.prefix_match_unit is None  # 16 does not divide 8: vLLM would refuse to start
     dense, *_ = serve.resolve([], environ={}, gpus=[])  # the Qwen3 demo is served as before: no parsers
     assert dense.dtype == "float32" and not dense.reasoning_parser and dense.prefix_match_unit is None

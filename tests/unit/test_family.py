@@ -54,6 +54,8 @@ def test_flags_leave_what_the_user_set():
     assert family.hybrid_flags(fam, set(), prefix_caching=True) == ["--prefix-match-unit", "16"]
     assert family.hybrid_flags(fam, set(), prefix_caching=False) == []
     assert family.hybrid_flags(fam, {"prefix_match_unit"}, prefix_caching=True) == []
+    assert family.hybrid_flags(fam, set(), True, block_size=32) == ["--prefix-match-unit", "16"]
+    assert family.hybrid_flags(fam, set(), True, block_size=8) == []  # vLLM would refuse to start
     dense = family.detect("Qwen/Qwen3-8B")
     assert family.parser_flags(dense, set()) == [] and family.hybrid_flags(dense, set(), True) == []
 
