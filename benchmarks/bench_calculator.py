@@ -917,6 +917,10 @@ def batch_worker(corpus: dict, cpus: str) -> dict:
     from qwen_v3_calculator import count_tokens, encode
     from qwen_v3_calculator.tokenizer import Tokenizer, resolve_threads
 
+    if bench_vocab() != "qwen3":
+        count_tokens = functools.partial(count_tokens, model=bench_vocab())
+        encode = functools.partial(encode, model=bench_vocab())
+
     if cpus:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     threads = resolve_threads(None)
