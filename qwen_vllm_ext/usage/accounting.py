@@ -54,10 +54,7 @@ class ReasoningCounter:
         self.open = False
         self.history: list[int] | None = [0] if keep_history else None  # count after each fed token
         if start is not None and end is not None:
-            for tok in reversed(prompt_ids or ()):
-                if tok == start or tok == end:
-                    self.open = tok == start
-                    break
+            self.open = _block_open(prompt_ids, start, end)
 
     def feed(self, ids) -> int:
         for tok in ids:  # without markers (None) no id matches and the block never opens
@@ -79,9 +76,32 @@ class ReasoningCounter:
         return self.history[max(0, min(n, len(self.history) - 1))]
 
 
+def _block_open(prompt_ids, start: int, end: int) -> bool:
+    """Whether the prompt's last reasoning marker opens a block: searched in the last 64 ids first (templates put it
+    in the generation prompt), the whole prompt only when the tail has neither; C-level list operations only."""
+    ids = prompt_ids if isinstance(prompt_ids, (list, tuple)) else list(prompt_ids or ())
+    lo = max(0, len(ids) - 64)
+    while True:
+        seg = ids[lo:]
+        if start in seg or end in seg:
+            rev = seg[::-1]
+            s = rev.index(start) if start in seg else len(seg)  # distance from the end (smaller: later)
+            e = rev.index(end) if end in seg else len(seg)
+            return s < e
+        if lo == 0:
+            return False
+        lo = 0
+
+
 def reasoning_tokens(prompt_ids, output_ids, start: int | None, end: int | None) -> int:
-    """Reasoning tokens of one generated sequence (see :class:`ReasoningCounter`)."""
-    return ReasoningCounter(start, end, prompt_ids).feed(output_ids)
+    """Reasoning tokens of one generated sequence (see :class:`ReasoningCounter`). Runs for every finished request
+    on the API server's event loop: the common cases (no marker generated) take no Python loop over the ids."""
+    if start is None or end is None:
+        return 0
+    counter = ReasoningCounter(start, end, prompt_ids)
+    if start not in output_ids and end not in output_ids:
+        return len(output_ids) if counter.open else 0
+    return counter.feed(output_ids)
 
 
 @dataclasses.dataclass

@@ -66,6 +66,11 @@ def test_reasoning_counter():
     assert reasoning_tokens([1, think, end], [5, 6], think, end) == 0                # thinking off: closed block
     assert reasoning_tokens([1], [think, 5, 6, 7, end, 8], think, end) == 3          # the model opens it
     assert reasoning_tokens([think], [5], None, None) == 0                           # no markers in the vocabulary
+    # markers before the prompt's last 64 ids: the whole prompt is searched
+    assert reasoning_tokens([think] + [1] * 200, [5, end, 6], think, end) == 1
+    assert reasoning_tokens([end] + [1] * 200 + [think], [5, 6], think, end) == 2
+    assert reasoning_tokens([think] + [1] * 200 + [end], [5, 6], think, end) == 0
+    assert reasoning_tokens((1, think), [5, 6], think, end) == 2  # a tuple prompt
     c = ReasoningCounter(think, end, [think], keep_history=True)
     c.feed([5, 6])
     c.feed([end, 7])
