@@ -142,6 +142,16 @@ PATCHES = [
     resolved_chat_template = load_chat_template(args.chat_template)
 ''')],
     },
+    {
+        "name": "turn-checkpoints",
+        "subject": "qwen-vllm-ext: hybrid models keep the state where the next chat turn diverges",
+        "body": "On align-mode hybrid models (Gated DeltaNet + attention) each chat request's junction\n"
+                "checkpoint is set just after its last <|im_start|>assistant opener, where the next\n"
+                "turn's prompt diverges, so the next turn resumes there (setting kv_turn_checkpoints).\n",
+        "edits": [("vllm/v1/core/sched/scheduler.py", APPEND, _module_hook(
+            "turn_checkpoints", "hybrid models keep the state where the next chat turn diverges "
+            "(setting kv_turn_checkpoints)."))],
+    },
 ]
 
 GIT_ENV = {

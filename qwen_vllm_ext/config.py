@@ -122,6 +122,10 @@ class Settings:
     kv_reuse_template: bool = True
     """Serve Qwen3 hybrid-thinking models with the package's prefix-stable ``qwen3-reuse`` chat template (earlier
     turns keep their ``<think>`` blocks, so each turn reuses the previous turn's KV cache); false = the model's own."""
+    kv_turn_checkpoints: bool = True
+    """Hybrid models (Gated DeltaNet + attention, e.g. Qwen3.5/3.6): have vLLM keep each chat request's recurrent
+    state where the next turn's prompt diverges (after the last ``<|im_start|>assistant``), so the next turn resumes
+    there instead of an older checkpoint; false = vLLM's own checkpoints only."""
     kv_reuse_tracker_size: int = 10000
     """Conversations whose previous turn each API-server process remembers for the reuse ratio (LRU)."""
     idle_sleep_s: float = 0.0

@@ -27,17 +27,16 @@ def install(name: str) -> bool:
 
     Called at the end of the patched vLLM module that owns the wrapped code, right after its classes exist.
     """
-    from .runtime_patches import runtime_patches
+    from .runtime_patches import runtime_patch
 
     settings = _settings()
     active = False
     if settings.enabled:
-        for patch in runtime_patches():
-            if patch.name == name:
-                active = bool(patch.apply(settings))
-                break
-        else:
-            raise LookupError(f"qwen-vllm-ext: the source patch names an unknown capability {name!r}")
+        try:
+            patch = runtime_patch(name)
+        except LookupError:
+            raise LookupError(f"qwen-vllm-ext: the source patch names an unknown capability {name!r}") from None
+        active = bool(patch.apply(settings))
     ACTIVE[name] = active
     return active
 

@@ -3,23 +3,58 @@
 Each capability's glue module owns its ``install(settings)`` and declares the vLLM targets it replaces or wraps
 (``PATCH_TARGETS``, fingerprinted per vLLM version); this list says which setting turns each on and in which
 process roles it applies. The guard (:mod:`.guard`) checks the targets before anything is applied.
+
+Each entry is built by its own function, importing only its glue module: a source-patched vLLM module installs
+one capability at the end of its own import (``hooks.install(name)``), possibly while another glue module is
+still importing vLLM, so building one entry must not import the others.
 """
 from __future__ import annotations
 
 from .guard import RuntimePatch
 
 
+def _usage_accounting() -> RuntimePatch:
+    from ..usage import engine_hooks
+
+    # the OpenAI front end: the output processor and the serving classes live in API-server processes
+    return RuntimePatch("usage_accounting", lambda s: s.ledger and engine_hooks.install(s), {"api_server"},
+                        engine_hooks.PATCH_TARGETS, "ledger")
+
+
+def _per_chunk_usage() -> RuntimePatch:
+    from ..usage import stream_usage
+
+    return RuntimePatch("per_chunk_usage", stream_usage.install, {"api_server"}, stream_usage.PATCH_TARGETS,
+                        "per_chunk_usage")
+
+
+def _token_weighted_scheduler() -> RuntimePatch:
+    from ..scheduling import vllm_scheduler
+
+    return RuntimePatch("token_weighted_scheduler", vllm_scheduler.install, {"engine_core", "api_server"},
+                        vllm_scheduler.PATCH_TARGETS, "token_weighted_scheduler")
+
+
+def _turn_checkpoints() -> RuntimePatch:
+    from ..kv import hybrid_checkpoints
+
+    # the engine core's KV-cache manager: hybrid models keep the state where the next chat turn diverges
+    return RuntimePatch("turn_checkpoints", hybrid_checkpoints.install, {"engine_core"},
+                        hybrid_checkpoints.PATCH_TARGETS, "kv_turn_checkpoints")
+
+
+_BUILDERS = {"usage_accounting": _usage_accounting, "per_chunk_usage": _per_chunk_usage,
+             "token_weighted_scheduler": _token_weighted_scheduler, "turn_checkpoints": _turn_checkpoints}
+
+
+def runtime_patch(name: str) -> RuntimePatch:
+    """One entry by name (LookupError for an unknown one)."""
+    try:
+        return _BUILDERS[name]()
+    except KeyError:
+        raise LookupError(f"qwen-vllm-ext: unknown runtime patch {name!r}") from None
+
+
 def runtime_patches() -> list[RuntimePatch]:
     """Name, apply(settings) -> active (idempotent), process roles, guarded targets, the setting that enables it."""
-    from ..scheduling import vllm_scheduler
-    from ..usage import engine_hooks, stream_usage
-
-    return [
-        # the OpenAI front end: the output processor and the serving classes live in API-server processes
-        RuntimePatch("usage_accounting", lambda s: s.ledger and engine_hooks.install(s), {"api_server"},
-                     engine_hooks.PATCH_TARGETS, "ledger"),
-        RuntimePatch("per_chunk_usage", stream_usage.install, {"api_server"}, stream_usage.PATCH_TARGETS,
-                     "per_chunk_usage"),
-        RuntimePatch("token_weighted_scheduler", vllm_scheduler.install, {"engine_core", "api_server"},
-                     vllm_scheduler.PATCH_TARGETS, "token_weighted_scheduler"),
-    ]
+    return [build() for build in _BUILDERS.values()]

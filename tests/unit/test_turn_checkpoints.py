@@ -1,0 +1,125 @@
+"""Turn checkpoints on hybrid models: where the next chat turn diverges (pure core), what a kept state costs, and
+the glue's opener lookup on a real tokenizer."""
+from __future__ import annotations
+
+import pytest
+
+from qwen_v3_calculator.chat import render_chat
+from qwen_v3_calculator.tokenizer import Tokenizer
+from qwen_vllm_ext.demo import HYBRID_CONFIG
+from qwen_vllm_ext.kv.checkpoints import MAX_GENERATION_TAIL, state_bytes, turn_boundary
+from qwen_vllm_ext.kv.reuse import common_prefix
+
+UNIT = 16
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.bundled("qwen3.6")
+
+
+@pytest.fixture(scope="module")
+def opener(tok):
+    ids = tok.encode("<|im_start|>assistant\n")
+    assert len(ids) == 3
+    return ids
+
+
+def _turns(n: int, answer: str, reasoning: str | None):
+    """Message lists of n requests of one conversation; each answer fed back as content (+ reasoning_content)."""
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "question 0 " * 7}]
+    out = [list(msgs)]
+    for k in range(1, n):
+        a = {"role": "assistant", "content": f"{answer} {k}"}
+        if reasoning is not None:
+            a["reasoning_content"] = f"{reasoning} {k}"
+        msgs = msgs + [a, {"role": "user", "content": f"question {k} " * (3 + k)}]
+        out.append(list(msgs))
+    return out
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("reasoning", [None, "I think about it"])
+def test_the_boundary_is_where_the_next_turn_diverges_under_the_official_template(tok, opener, thinking, reasoning):
+    """Official Qwen3.5 template: the next request shares this prompt exactly up to the end of its last
+    ``<|im_start|>assistant\\n`` — the earlier answer is re-rendered without the generation prompt's think block."""
+    requests = _turns(6, "The answer is short and plain.", reasoning)
+    prompts = [tok.encode(render_chat(m, template="qwen3.5", enable_thinking=thinking)) for m in requests]
+    for prev, nxt in zip(prompts, prompts[1:]):
+        shared = common_prefix(prev, nxt)
+        assert prev[shared - 3:shared] == opener  # diverges right after the opener
+        assert turn_boundary(prev, opener, UNIT) == shared // UNIT * UNIT
+        assert turn_boundary(prev, opener, 1) == shared
+        # vLLM's own prompt checkpoint sits at (prompt - 1) floored: past the shared part whenever the generation
+        # prompt's 2 (thinking on) or 4 (off) tokens cross a unit boundary
+        assert len(prev) - shared == (2 if thinking else 4)
+
+
+def test_no_boundary_without_a_generation_prompt(tok, opener):
+    msgs = _turns(2, "An answer.", None)[1]
+    no_gen = tok.encode(render_chat(msgs, template="qwen3.5", add_generation_prompt=False))
+    # the last opener is the history answer's, followed by far more than a generation prompt
+    assert turn_boundary(no_gen, opener, UNIT) == 0
+    prefilled = tok.encode(render_chat(msgs + [{"role": "assistant", "content": "Sure, here is a long prefilled "
+                                                "start of the answer that goes on"}], template="qwen3.5",
+                                       add_generation_prompt=False, continue_final_message=True))
+    assert turn_boundary(prefilled, opener, UNIT) == 0
+    assert turn_boundary(tok.encode("plain text, no chat at all"), opener, UNIT) == 0
+
+
+def test_boundary_edges(opener):
+    body = list(range(1000, 1029))  # 29 ordinary ids
+    assert turn_boundary(body + opener + [7, 8], opener, UNIT) == 32  # 29 + 3 = 32
+    assert turn_boundary(body[:-1] + opener + [7, 8], opener, UNIT) == 16  # 31 floors to 16
+    assert turn_boundary(opener + [7], opener, UNIT) == 0  # floors to 0: nothing to keep
+    tail = [5] * MAX_GENERATION_TAIL
+    assert turn_boundary(body + opener + tail, opener, UNIT) == 32
+    assert turn_boundary(body + opener + tail + [5], opener, UNIT) == 0  # too long a tail: not a generation prompt
+    # the last opener wins
+    assert turn_boundary(opener + body + opener + [7], opener, 1) == 3 + 29 + 3
+    assert turn_boundary([], opener, UNIT) == 0 and turn_boundary(body, (), UNIT) == 0
+    assert turn_boundary(body + opener, opener, 0) == 0
+
+
+def test_state_bytes_match_what_vllm_allocated_for_the_demo():
+    """vLLM 0.32 CPU on the demo logged "Setting attention block size to 640 tokens" and "Padding mamba page size by
+    22.14%": a float32 recurrent state, bf16 conv state, 128-token alignment."""
+    s = state_bytes(HYBRID_CONFIG, block_align=128)
+    assert s["layers"] == 3 and s["attention_layers"] == 1 and s["block_size"] == 640
+    per_layer = s["raw"] // 3
+    assert per_layer == 3 * (2 * 128 + 2 * 128) * 2 + 2 * 128 * 128 * 4
+    assert round(100 * (s["padded"] / s["raw"] - 1), 2) == 22.14
+    # an explicit mamba_ssm_dtype and tensor parallelism change the state
+    half = state_bytes({**HYBRID_CONFIG, "mamba_ssm_dtype": "bfloat16"}, block_align=128)
+    assert half["raw"] < s["raw"]
+    with pytest.raises(KeyError):
+        state_bytes({"num_hidden_layers": 4})
+
+
+def test_opener_ids_come_from_the_served_tokenizer(qwen36_tokenizer_dir, opener):
+    from transformers import AutoTokenizer
+
+    from qwen_vllm_ext.kv.hybrid_checkpoints import opener_ids
+
+    assert opener_ids(AutoTokenizer.from_pretrained(str(qwen36_tokenizer_dir))) == tuple(opener)
+    assert opener_ids(None) is None  # --skip-tokenizer-init: no turn checkpoints
+
+
+def test_the_boundary_is_dropped_where_the_prompt_checkpoint_covers_it(opener):
+    """vLLM keeps a state at (prompt - 1) floored to the unit; a boundary at or past it adds nothing."""
+    from types import SimpleNamespace
+
+    from qwen_vllm_ext.kv.hybrid_checkpoints import _boundary
+
+    kvm = SimpleNamespace(_qwen_turn_opener=tuple(opener), _qwen_turn_unit=UNIT)
+    body = list(range(1000, 1029))
+    ids = body + opener + [7, 8]          # boundary 32, prompt 34: vLLM's checkpoint at 32 already
+    req = SimpleNamespace(prompt_token_ids=ids, num_prompt_tokens=len(ids))
+    assert _boundary(kvm, req) == 0 and req._qwen_turn_boundary == 0
+    ids = body + [9] * 10 + opener + [7, 8]  # boundary 32 (42 floored), vLLM's checkpoint at 32 too
+    assert _boundary(kvm, SimpleNamespace(prompt_token_ids=ids, num_prompt_tokens=len(ids))) == 0
+    ids = body[:-2] + opener + [7, 8, 9, 10]  # boundary 16 (30 floored); vLLM's at 32
+    req = SimpleNamespace(prompt_token_ids=ids, num_prompt_tokens=len(ids))
+    assert _boundary(kvm, req) == 16
+    req.prompt_token_ids = []  # computed once per request
+    assert _boundary(kvm, req) == 16
