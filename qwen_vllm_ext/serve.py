@@ -37,6 +37,9 @@ PATH_PREFIXES = ("/", "./", "../", "~")
 DEMO_MODELS = {None: ("demo", SERVED_NAME), SERVED_NAME: ("demo", SERVED_NAME),
                HYBRID_SERVED_NAME: (HYBRID_VARIANT, HYBRID_SERVED_NAME)}
 """``--model`` names of the built-in demo models (built once, cached): variant and served name."""
+DEMO_CONTEXT = {HYBRID_VARIANT: 16384}
+"""Context length of a demo variant where the profile's is too short: the hybrid demo serves multi-turn
+conversations (10 turns of up to 600-token answers and their reasoning exceed the CPU profile's 4,096)."""
 
 
 class LaunchError(RuntimeError):
@@ -154,6 +157,7 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     given = user_dests(parser, rest)
     model = user_ns.model_tag or (user_ns.model if "model" in given else None)
     head: list[str] = []
+    demo_skip: set[str] = set()
     if model is None or model in DEMO_MODELS:
         from .demo import ensure_demo_model
 
@@ -167,11 +171,14 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
         head = ["--model", model]
         if "served_model_name" not in given:
             head += ["--served-model-name", served]
+        if variant in DEMO_CONTEXT and "max_model_len" not in given:
+            demo_skip.add("max_model_len")  # instead of the profile's value
+            head += ["--max-model-len", str(DEMO_CONTEXT[variant])]
     elif is_local_path(model) and not os.path.exists(os.path.expanduser(model)):
         raise LaunchError(f"model path {model!r} does not exist; pass a model directory or a Hugging Face id")
 
     fam = family.detect(model, profile.device)
-    skip = set(given)
+    skip = set(given) | demo_skip
     tail: list[str] = []
     if fam.dtype:
         user_dtype = getattr(user_ns, "dtype", None)

@@ -204,3 +204,98 @@ def test_token_weighted_scheduler_on_the_hybrid_engine(hybrid):
     print("hybrid scheduler costs:", json.dumps(statuses[0]["costs"]))
     metrics = httpx.get(server.base_url + "/metrics", timeout=30).text
     assert "qwen_ext_sched_cost_steps_fitted" in metrics
+
+
+# ---- KV reuse across turns: turn checkpoints ---------------------------------------------------------------------
+UNIT = 16  # the launcher's --prefix-match-unit for the family
+
+
+def _conversation(seed: int, turns: int, answer_tokens: list[int]) -> list[list[dict]]:
+    """Message lists of each request of one conversation: canned answers (of the given token lengths, cycled) fed
+    back as content, a new user message each turn."""
+    from qwen_vllm_ext.bench.prompts import PromptFactory
+
+    pf = PromptFactory(seed=seed, template="qwen3.5", model="qwen3.6")
+    msgs = [{"role": "system", "content": pf.text(40)}, {"role": "user", "content": pf.text(60)}]
+    out = [list(msgs)]
+    for k in range(1, turns):
+        msgs = msgs + [{"role": "assistant", "content": pf.text(answer_tokens[k % len(answer_tokens)])},
+                       {"role": "user", "content": pf.text(30 + 11 * k)}]
+        out.append(list(msgs))
+    return out
+
+
+def _turn(c, messages, thinking: bool, conversation: str) -> tuple[list[int], dict]:
+    """(prompt ids from /tokenize, final streamed usage) of one request."""
+    kwargs = {"enable_thinking": thinking}
+    tok = c.post("/tokenize", json={"model": MODEL, "messages": messages, "add_generation_prompt": True,
+                                    "chat_template_kwargs": kwargs})
+    assert tok.status_code == 200, tok.text
+    usage = None
+    with c.stream("POST", "/v1/chat/completions", headers={"x-session-id": conversation},
+                  json={"model": MODEL, "messages": messages, "max_tokens": 4, "stream": True,
+                        "chat_template_kwargs": kwargs}) as s:
+        assert s.status_code == 200, s.read()
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                usage = json.loads(line[6:]).get("usage") or usage
+    return tok.json()["tokens"], usage
+
+
+def _cached(usage) -> int:
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_every_turn_resumes_where_the_previous_prompt_diverges(hybrid, thinking):
+    """Official Qwen3.5 template: each request shares the previous prompt up to its last <|im_start|>assistant\\n;
+    with turn checkpoints every turn gets exactly that much (floored to the match unit) from cache — no fallback to
+    an older checkpoint (vLLM alone keeps only the prompt's tail, which lies past the divergence whenever the
+    generation prompt crosses a unit boundary). Counts stay exact."""
+    from qwen_vllm_ext.kv.reuse import common_prefix
+
+    server, _, key = hybrid
+    prev: list[int] = []
+    with client(server, key) as c:
+        for k, messages in enumerate(_conversation(100 + thinking, 10, [20, 150, 60, 300, 40])):
+            ids, usage = _turn(c, messages, thinking, f"turns-{thinking}")
+            assert usage["prompt_tokens"] == len(ids)
+            shared = common_prefix(prev, ids)
+            assert _cached(usage) == shared // UNIT * UNIT, (k, shared, usage)
+            prev = ids
+
+
+def test_edited_history_falls_back_and_counts_stay_exact(hybrid):
+    """A client that edits an earlier message or drops a turn: the request is served from the longest prefix still
+    cached (never more than it shares with what was computed), the counts stay exact, and the next turn of the
+    edited branch is fully reused again."""
+    from qwen_vllm_ext.kv.reuse import common_prefix
+
+    server, _, key = hybrid
+    convo = _conversation(300, 5, [80])
+    with client(server, key) as c:
+        seen: list[list[int]] = []
+        for messages in convo:
+            ids, usage = _turn(c, messages, True, "edited")
+            seen.append(ids)
+        edited = [dict(m) for m in convo[-1]]
+        edited[3]["content"] = edited[3]["content"] + " (edited)"  # the second user message
+        ids, usage = _turn(c, edited, True, "edited")
+        assert usage["prompt_tokens"] == len(ids)
+        best = max(common_prefix(s, ids) for s in seen)
+        # at least request 0's turn checkpoint (the edit is after it), at most what any computed prompt shares
+        kept = common_prefix(seen[0], seen[1]) // UNIT * UNIT
+        assert _cached(usage) % UNIT == 0 and 0 < kept <= _cached(usage) <= best // UNIT * UNIT
+        # the edited branch continues: its next turn resumes at the divergence again
+        follow = edited + [{"role": "assistant", "content": "fine"}, {"role": "user", "content": "and then?"}]
+        ids2, usage2 = _turn(c, follow, True, "edited")
+        assert usage2["prompt_tokens"] == len(ids2)
+        assert _cached(usage2) == common_prefix(ids, ids2) // UNIT * UNIT
+        # a dropped turn: the history without the last exchange is a prefix of what was computed before
+        dropped = convo[-1][:-2] + [{"role": "user", "content": "start over from here"}]
+        ids3, usage3 = _turn(c, dropped, True, "edited")
+        assert usage3["prompt_tokens"] == len(ids3)
+        # it diverges inside request 3's prompt, where no state was kept: request 2's turn checkpoint at least
+        kept = common_prefix(seen[2], seen[3]) // UNIT * UNIT
+        best = max(common_prefix(s, ids3) for s in seen + [ids, ids2])
+        assert _cached(usage3) % UNIT == 0 and kept <= _cached(usage3) <= best // UNIT * UNIT

@@ -139,3 +139,7 @@ def test_the_qwen36_demo_and_family_flags():
     assert args.prefix_match_unit is None  # 16 does not divide 8: vLLM would refuse to start
     dense, *_ = serve.resolve([], environ={}, gpus=[])  # the Qwen3 demo is served as before: no parsers
     assert dense.dtype == "float32" and not dense.reasoning_parser and dense.prefix_match_unit is None
+    # the hybrid demo's context fits 10-turn conversations; the dense demo keeps the profile's; the user's wins
+    assert args.max_model_len == serve.DEMO_CONTEXT["qwen36-demo"] == 16384 and dense.max_model_len == 4096
+    args, *_ = serve.resolve(["--model", "qwen36-demo", "--max-model-len", "8192"], environ={}, gpus=[])
+    assert args.max_model_len == 8192
