@@ -1,6 +1,13 @@
 """KV-cache reuse across chat turns: M conversations x 10 turns against the demo server, three server modes in one run.
 
     .venv/bin/python benchmarks/bench_kv_reuse.py [--conversations 2] [--turns 10] [--block-size 32]
+    .venv/bin/python benchmarks/bench_kv_reuse.py --model qwen36-demo [--conversations 4]   # the hybrid demo
+
+With ``--model qwen36-demo`` (see ``run_hybrid``): the hybrid demo under the official Qwen3.5 template, canned
+answers of 20-600 tokens, thinking on and off, one server per mode of :data:`HYBRID_MODES` (the product's turn
+checkpoints against vLLM's own configurations and no cache); per request the prompt ids' longest prefix shared with
+the previous request (``shared``) and the best a cache can give (``bound``: shared floored to the 16-token match
+unit); writes benchmarks/results/bench_kv_reuse-hybrid.json and .png.
 
 Server modes (one server at a time, all with ``--block-size B`` and the same demo model):
 
@@ -224,9 +231,22 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--block-size", type=int, default=32,
                     help="vLLM --block-size: the CPU build needs a multiple of 32 (its default is 128; GPU profiles use 16)")
-    ap.add_argument("--modes", default="reuse,stock,no-cache")
+    ap.add_argument("--modes", default=None, help="server modes (default: reuse,stock,no-cache; with --model "
+                    f"{HYBRID_MODEL}: {','.join(HYBRID_MODES)})")
+    ap.add_argument("--model", default=MODEL, choices=[MODEL, HYBRID_MODEL],
+                    help=f"{HYBRID_MODEL}: the hybrid demo (official Qwen3.5 template, canned answers, the "
+                         "extension's turn checkpoints against vLLM's configurations)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "bench_kv_reuse.json"))
+    ap.add_argument("--kv-blocks", type=int, default=0, help=f"{HYBRID_MODEL}: --num-gpu-blocks-override (a KV "
+                    "cache that holds a fraction of the conversations; 0: the profile's)")
+    ap.add_argument("--interleave", action="store_true",
+                    help=f"{HYBRID_MODEL}: turn t of every conversation before turn t+1 of any")
+    ap.add_argument("--thinking-on-only", action="store_true", help=f"{HYBRID_MODEL}: skip the thinking-off runs")
     args = ap.parse_args(argv)
+    if args.model == HYBRID_MODEL:
+        args.modes = args.modes or ",".join(HYBRID_MODES)
+        return run_hybrid(args)
+    args.modes = args.modes or "reuse,stock,no-cache"
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     word_ids = word_token_ids()
     results: dict = {"config": {**vars(args), "word_tokens": len(word_ids)}, "started": time.time()}
@@ -297,6 +317,179 @@ def report(results: dict, args) -> None:
             print(f"  thinking {key[9:]}: computed prefill {100 * fewer:.1f}% fewer than no-cache "
                   f"({'met' if fewer >= 0.68 else 'NOT met'}, target 68%); min reuse ratio {r['reuse_ratio_min']:.3f} "
                   f"({'met' if r['reuse_ratio_min'] >= 0.9 else 'NOT met'}, target 0.90)")
+
+
+# ------------------------------------------------------------------------------------------------ hybrid model
+HYBRID_MODEL = "qwen36-demo"
+HYBRID_OFF = {"QWEN_VLLM_EXT_KV_TURN_CHECKPOINTS": "false"}  # vLLM's own checkpoints only
+HYBRID_MODES = {  # name -> (launcher flags, environment); every server is the launcher on --model qwen36-demo
+    "product": ([], {}),  # the launcher's defaults: --prefix-match-unit 16 + the extension's turn checkpoints
+    "stock": (["--prefix-match-unit", "640"], HYBRID_OFF),  # vLLM's default unit: the raised 640-token block
+    "unit16": ([], HYBRID_OFF),  # stock with --prefix-match-unit 16 (retention 0: semantic checkpoints only)
+    "dense": (["--prefix-cache-retention-interval", "None"], HYBRID_OFF),  # + every block's state kept
+    "no-cache": (["--no-enable-prefix-caching"], HYBRID_OFF),  # the no-reuse baseline
+    "product-aa": ([], {}),  # product again: the A/A row (how much TTFT moves between identical servers)
+}
+HYBRID_ANSWERS = (20, 80, 200, 400, 600)  # canned answer lengths (tokens), cycled per turn, shifted per conversation
+HYBRID_UNIT = 16
+
+
+def hybrid_conversation(seed: int, turns: int) -> list[list[dict]]:
+    """One conversation's requests: a 200-token system prompt, user turns of 60-150 tokens, canned answers of
+    :data:`HYBRID_ANSWERS` tokens fed back as ``content``."""
+    from qwen_vllm_ext.bench.prompts import PromptFactory
+
+    pf = PromptFactory(seed=seed, template="qwen3.5", model="qwen3.6")
+    msgs = [{"role": "system", "content": pf.text(200)}, {"role": "user", "content": pf.text(60 + 10 * (seed % 10))}]
+    out = [list(msgs)]
+    for t in range(1, turns):
+        answer = HYBRID_ANSWERS[(t + seed) % len(HYBRID_ANSWERS)]
+        msgs = msgs + [{"role": "assistant", "content": pf.text(answer)},
+                       {"role": "user", "content": pf.text(60 + (37 * t + 11 * seed) % 91)}]
+        out.append(list(msgs))
+    return out
+
+
+def hybrid_turn(client: httpx.Client, conv_id: str, messages: list[dict], thinking: bool, prev_ids: list[int]) -> dict:
+    """One request; ``shared``: its prompt ids' common prefix with ``prev_ids`` (the previous request's prompt),
+    ``bound``: shared floored to the match unit; ``ids``: its prompt ids."""
+    body = {"model": HYBRID_MODEL, "messages": messages, "max_tokens": 4, "ignore_eos": True, "stream": True,
+            "return_token_ids": True, "chat_template_kwargs": {"enable_thinking": thinking}}
+    turn = chat_turn(client, body, {"x-session-id": conv_id})
+    ids = turn.pop("prompt_ids")
+    assert turn["prompt_tokens"] == len(ids)
+    shared = common_prefix(prev_ids, ids)
+    for k in ("gen_ids", "text"):
+        turn.pop(k)
+    turn.update(shared=shared, bound=shared // HYBRID_UNIT * HYBRID_UNIT, ids=ids)
+    return turn
+
+
+def run_hybrid_conversations(base_url: str, prefix: str, convos: list[list[list[dict]]], thinking: bool,
+                             interleave: bool = False) -> list[list[dict]]:
+    """Each conversation's turns, one after the other (``interleave``: turn 1 of every conversation, then turn 2,
+    ... -- conversations compete for the cache)."""
+    runs: list[list[dict]] = [[] for _ in convos]
+    order = ([(t, c) for t in range(len(convos[0])) for c in range(len(convos))] if interleave
+             else [(t, c) for c in range(len(convos)) for t in range(len(convos[c]))])
+    with httpx.Client(base_url=base_url, timeout=300) as client:
+        for t, c in order:
+            prev = runs[c][-1]["ids"] if runs[c] else []
+            runs[c].append(hybrid_turn(client, f"{prefix}-{c}", convos[c][t], thinking, prev))
+    for run in runs:
+        for turn in run[:-1]:
+            turn.pop("ids")
+        run[-1].pop("ids")
+    return runs
+
+
+def _pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))] if v else float("nan")
+
+
+def summarize_hybrid(runs: list[list[dict]]) -> dict:
+    rows = [r for run in runs for r in run]
+    later = [r for run in runs for r in run[1:]]
+    ttft3 = [1000 * r["ttft_s"] for run in runs for r in run[2:] if r["ttft_s"] is not None]
+    return {"prompt_tokens": sum(r["prompt_tokens"] for r in rows), "cached": sum(r["cached_tokens"] for r in rows),
+            "computed": sum(r["prompt_tokens"] - r["cached_tokens"] for r in rows),
+            "bound": sum(r["bound"] for r in later), "shared": sum(r["shared"] for r in later),
+            "turns_at_bound": sum(1 for r in later if r["cached_tokens"] == r["bound"]),
+            "turns_below_bound": sum(1 for r in later if r["cached_tokens"] < r["bound"]), "turns": len(later),
+            "ttft_ms_turn3_mean": sum(ttft3) / len(ttft3) if ttft3 else None,
+            "ttft_ms_turn3_p99": _pct(ttft3, 0.99) if ttft3 else None}
+
+
+def run_hybrid(args) -> int:
+    from qwen_vllm_ext.demo import HYBRID_CONFIG
+    from qwen_vllm_ext.kv.checkpoints import state_bytes
+
+    out = args.out if args.out != os.path.join(RESULTS, "bench_kv_reuse.json") else \
+        os.path.join(RESULTS, "bench_kv_reuse-hybrid.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    # distinct conversations per thinking mode: one server serves both, and no run may hit another's prefixes
+    convos = {thinking: [hybrid_conversation(m + (0 if thinking else 1000), args.turns)
+                         for m in range(args.conversations)] for thinking in (True, False)}
+    results: dict = {"config": {**vars(args), "answers": HYBRID_ANSWERS, "unit": HYBRID_UNIT},
+                     "state": state_bytes(HYBRID_CONFIG, block_align=128), "modes": {}}
+    tmp = tempfile.mkdtemp(prefix="bench-kv-reuse-hybrid-")
+    t0 = time.monotonic()
+    for mode in args.modes.split(","):
+        flags, env = HYBRID_MODES[mode]
+        pressure = ["--num-gpu-blocks-override", str(args.kv_blocks)] if args.kv_blocks else []
+        server = ServeProcess(["--model", HYBRID_MODEL, "--qwen-data-dir", os.path.join(tmp, mode), *flags, *pressure],
+                              os.path.join(tmp, f"{mode}.log"), env={**os.environ, **env}, cwd=ROOT, label=mode)
+        try:
+            server.wait_healthy()
+            results["modes"][mode] = {"flags": flags, "env": env}
+            for thinking in ((True,) if args.thinking_on_only else (True, False)):
+                key = f"thinking-{'on' if thinking else 'off'}"
+                runs = run_hybrid_conversations(server.base_url, f"{mode}-{key}", convos[thinking], thinking,
+                                                interleave=args.interleave)
+                results["modes"][mode][key] = {"total": summarize_hybrid(runs), "raw": runs}
+            print(f"[{time.monotonic() - t0:6.1f}s] {mode} done", file=sys.stderr)
+        finally:
+            server.stop()
+    results["elapsed_s"] = time.monotonic() - t0
+    report_hybrid(results, args)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    png = os.path.splitext(out)[0] + ".png"
+    drawn = plot_hybrid(png, results)
+    print(f"\nwrote {out}" + (f" and {png}" if drawn else ""), file=sys.stderr)
+    return 0
+
+
+def report_hybrid(results: dict, args) -> None:
+    modes = list(results["modes"])
+    print(f"\nKV reuse on the hybrid demo ({HYBRID_MODEL}), official Qwen3.5 template, {args.conversations} "
+          f"conversations x {args.turns} turns, canned answers {'/'.join(map(str, HYBRID_ANSWERS))} tokens, "
+          f"{results['elapsed_s']:.0f} s\n")
+    print("| thinking | mode | prompt tokens | cached | computed prefill | vs no-cache | vs unit16 | "
+          "turns cached to the shared prefix | below it | TTFT turns 3+ mean / p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for key in ("thinking-on", "thinking-off"):
+        if key not in results["modes"][modes[0]]:
+            continue
+        base = results["modes"].get("no-cache", {}).get(key, {}).get("total", {}).get("computed")
+        best = results["modes"].get("unit16", {}).get(key, {}).get("total", {}).get("computed")
+        for mode in modes:
+            t = results["modes"][mode][key]["total"]
+            fewer = f"−{100 * (1 - t['computed'] / base):.1f}%" if base else "—"
+            vs = f"{t['computed'] / best:.3f}×" if best else "—"
+            ttft = "—" if t["ttft_ms_turn3_mean"] is None else \
+                f"{t['ttft_ms_turn3_mean']:.1f} / {t['ttft_ms_turn3_p99']:.1f}"
+            print(f"| {key[9:]} | {mode} | {t['prompt_tokens']} | {t['cached']} | {t['computed']} | {fewer} | {vs} | "
+                  f"{t['turns_at_bound']}/{t['turns']} | {t['turns_below_bound']} | {ttft} |")
+
+
+def plot_hybrid(path: str, results: dict) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for key, ax in zip(("thinking-on", "thinking-off"), axes):
+        for mode, data in results["modes"].items():
+            if key not in data:
+                continue
+            runs = data[key]["raw"]
+            turns = len(runs[0])
+            computed = [sum(r[t]["prompt_tokens"] - r[t]["cached_tokens"] for r in runs) for t in range(turns)]
+            ax.plot(range(1, turns + 1), computed, marker="o", ms=3, label=mode)
+        ax.set_title(f"hybrid demo: computed prefill tokens per turn, {key.replace('-', ' ')}")
+        ax.set_xlabel("turn")
+        ax.set_ylabel("prompt − cached tokens (sum over conversations)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def state_bytes(config: dict, tp: int = 1, block_align: int = 16) -> dict:
     conv = (int(cfg.get("linear_conv_kernel_dim", 4)) - 1) * ((2 * kh * kd + vh * vd) // tp) * model_b
     ssm = (vh // tp) * vd * kd * ssm_b
     per_layer = conv + ssm
-    kv_heads = max(1, int(cfg["num_key_value_heads"]) // tp)
+    kv_heads = max(1, int(cfg["num_key_value_heads"]) // tp)  # vLLM replicates KV heads when tp exceeds them
     head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
     attn_per_token = 2 * kv_heads * head_dim * model_b
     block_size = block_align * math.ceil(per_layer / (block_align * attn_per_token))
