@@ -123,3 +123,19 @@ def test_the_boundary_is_dropped_where_the_prompt_checkpoint_covers_it(opener):
     assert _boundary(kvm, req) == 16
     req.prompt_token_ids = []  # computed once per request
     assert _boundary(kvm, req) == 16
+
+
+@pytest.mark.parametrize("tail, extra", [(2, 1), (4, 3)])
+def test_an_extra_state_only_where_the_generation_prompt_crosses_a_unit(opener, tail, extra):
+    """Thinking on (2 tokens after the opener) needs a state of its own in 1 prompt length of 16, thinking off (4
+    tokens) in 3 of 16: elsewhere vLLM's prompt checkpoint is the turn boundary already (docs/kv-reuse.md)."""
+    from types import SimpleNamespace
+
+    from qwen_vllm_ext.kv.hybrid_checkpoints import _boundary
+
+    kvm = SimpleNamespace(_qwen_turn_opener=tuple(opener), _qwen_turn_unit=UNIT)
+    placed = 0
+    for body in range(100, 100 + 4 * UNIT):
+        ids = [1000] * body + opener + [7] * tail
+        placed += _boundary(kvm, SimpleNamespace(prompt_token_ids=ids, num_prompt_tokens=len(ids))) > 0
+    assert placed == 4 * extra
