@@ -368,10 +368,16 @@ def hybrid_turn(client: httpx.Client, conv_id: str, messages: list[dict], thinki
 def run_hybrid_conversations(base_url: str, prefix: str, convos: list[list[list[dict]]], thinking: bool,
                              interleave: bool = False) -> list[list[dict]]:
     """Each conversation's turns, one after the other (``interleave``: turn 1 of every conversation, then turn 2,
-    ... -- conversations compete for the cache)."""
+    ... each round in a seeded random order -- conversations compete for the cache; a fixed round-robin order would
+    be LRU's worst case, every entry evicted just before its reuse)."""
+    import random
+
     runs: list[list[dict]] = [[] for _ in convos]
-    order = ([(t, c) for t in range(len(convos[0])) for c in range(len(convos))] if interleave
-             else [(t, c) for c in range(len(convos)) for t in range(len(convos[c]))])
+    if interleave:
+        rng = random.Random(len(convos))
+        order = [(t, c) for t in range(len(convos[0])) for c in rng.sample(range(len(convos)), len(convos))]
+    else:
+        order = [(t, c) for c in range(len(convos)) for t in range(len(convos[c]))]
     with httpx.Client(base_url=base_url, timeout=300) as client:
         for t, c in order:
             prev = runs[c][-1]["ids"] if runs[c] else []

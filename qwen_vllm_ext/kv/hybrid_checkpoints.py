@@ -32,6 +32,7 @@ logger = logging.getLogger("qwen_vllm_ext.kv")
 
 _MARK = "_qwen_vllm_ext_turn_checkpoints"
 OPENER_TEXT = "<|im_start|>assistant\n"
+NOT_HYBRID = "no linear-attention (Mamba-type) layers"
 
 # Compatibility guard (qwen_vllm_ext.integration.guard): wrapped or relied-on targets -> fingerprint per vLLM version.
 # Regenerate with `python -m qwen_vllm_ext.patches fingerprints` after checking the code against a new vLLM (0.33.0
@@ -73,7 +74,7 @@ def enable(scheduler) -> str | None:
     kvm = scheduler.kv_cache_manager
     managers = [m for m in kvm.coordinator.single_type_managers if isinstance(m, MambaManager)]
     if not managers:
-        return "no linear-attention (Mamba-type) layers"
+        return NOT_HYBRID
     if not getattr(scheduler, "mamba_partial_cache_hit", False):
         return "prefix caching is not in align mode with a match unit finer than the block (--prefix-match-unit)"
     if kvm.coordinator.num_reprefillable_tokens:
@@ -130,8 +131,7 @@ def install(settings) -> bool:
         if why_not is None:
             logger.info("qwen-vllm-ext: turn checkpoints on (the state where each chat request's next turn diverges "
                         "is kept; match unit %d)", self.hash_block_size)
-        elif self.kv_cache_manager.coordinator.single_type_managers and why_not != "no linear-attention " \
-                "(Mamba-type) layers":
+        elif why_not != NOT_HYBRID:  # dense models: nothing to say
             logger.info("qwen-vllm-ext: turn checkpoints off: %s", why_not)
 
     lookup = KVCacheManager.get_computed_blocks

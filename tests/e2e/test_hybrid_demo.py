@@ -59,6 +59,7 @@ def test_the_launcher_serves_the_family(hybrid):
     server, _, _ = hybrid
     log = server.log_path.read_text(errors="replace")
     assert "Qwen3NextForCausalLM" in log and "Mamba cache mode is set to 'align'" in log
+    assert "turn checkpoints on" in log  # the engine core applied the runtime patch and qualified
     cmd = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.serve", "--model", MODEL, "--print-command"],
                          capture_output=True, text=True, timeout=300).stdout.splitlines()
     for flag in ("--dtype bfloat16", "--reasoning-parser qwen3", "--tool-call-parser qwen3_coder",
