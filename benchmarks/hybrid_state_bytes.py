@@ -7,8 +7,10 @@ Rows: the hybrid demo (``qwen_vllm_ext.demo.HYBRID_CONFIG``, CPU alignment 128: 
 text configs of Qwen3.6-27B and Qwen3.6-35B-A3B (the fields below, as published in their ``config.json``; the 3.5
 releases of both sizes have the same architecture), GPU alignment 16; plus any ``--config`` file given.
 Per row: raw bytes of one checkpoint (all Gated DeltaNet layers), the attention block vLLM raises to hold a state,
-the padded bytes (what the engine actually spends per kept state), and what dense retention
-(``--prefix-cache-retention-interval None``: one state per block) holds for a 10,000-token conversation.
+the padded bytes (what the engine actually spends per kept state), and the most dense retention
+(``--prefix-cache-retention-interval None``) can hold for a 10,000-token conversation: one state per block (it keeps
+the states the engine writes at block boundaries -- prefill chunk ends and generated blocks -- so fewer when a
+prompt is prefilled in one chunk).
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     mib = 1024 * 1024
     print(f"| model | GDN layers | one state, raw | attention block (tokens) | one state, padded | "
-          f"dense retention, {CONVERSATION_TOKENS:,}-token conversation | its attention KV |")
+          f"dense retention at most, {CONVERSATION_TOKENS:,}-token conversation | its attention KV |")
     print("|---|---|---|---|---|---|---|")
     for r in rows(args.tp, args.config):
         print(f"| {r['model']} | {r['layers']} | {r['raw'] / mib:.2f} MiB | {r['block_size']} | "
