@@ -28,7 +28,9 @@ import logging
 
 from .checkpoints import turn_boundary
 
-logger = logging.getLogger("qwen_vllm_ext.kv")
+# a child of vLLM's logger: the engine core configures only "vllm" (its handler and level), so INFO lines of a
+# logger outside it never reach the log
+logger = logging.getLogger("vllm.qwen_vllm_ext.kv")
 
 _MARK = "_qwen_vllm_ext_turn_checkpoints"
 OPENER_TEXT = "<|im_start|>assistant\n"
