@@ -486,7 +486,9 @@ def plot_hybrid(path: str, results: dict) -> bool:
             runs = data[key]["raw"]
             turns = len(runs[0])
             computed = [sum(r[t]["prompt_tokens"] - r[t]["cached_tokens"] for r in runs) for t in range(turns)]
-            ax.plot(range(1, turns + 1), computed, marker="o", ms=3, label=mode)
+            # repeated and equal-by-construction rows are dashed so the lines under them stay visible
+            style = "--" if mode in ("product-aa", "dense") else "-"
+            ax.plot(range(1, turns + 1), computed, style, marker="o", ms=3, label=mode)
         ax.set_title(f"hybrid demo: computed prefill tokens per turn, {key.replace('-', ' ')}")
         ax.set_xlabel("turn")
         ax.set_ylabel("prompt − cached tokens (sum over conversations)")
