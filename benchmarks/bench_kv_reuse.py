@@ -44,6 +44,7 @@ import time
 
 import httpx
 
+from qwen_vllm_ext.bench.analysis import percentile
 from qwen_vllm_ext.bench.server import ServeProcess
 from qwen_vllm_ext.kv.reuse import common_prefix
 
@@ -199,15 +200,23 @@ def summarize(runs: list[list[dict]], turns: int, block_size: int) -> dict:
     return {"per_turn": per_turn, "total": total}
 
 
-def plot(path: str, results: dict, block_size: int) -> bool:
+def _two_panels():
+    """(pyplot, figure, two axes) for a thinking-on / thinking-off plot; None without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return (plt, *plt.subplots(1, 2, figsize=(13, 4.8)))
+
+
+def plot(path: str, results: dict, block_size: int) -> bool:
+    panels = _two_panels()
+    if panels is None:
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    plt, fig, axes = panels
     for thinking, ax in zip(("on", "off"), axes):
         for mode, style in (("no-cache", ":"), ("stock", "--"), ("reuse", "-")):
             for feedback, color in (("canonical", "tab:green"), ("generated", "tab:red"), ("canned", "tab:blue")):
@@ -383,15 +392,9 @@ def run_hybrid_conversations(base_url: str, prefix: str, convos: list[list[list[
             prev = runs[c][-1]["ids"] if runs[c] else []
             runs[c].append(hybrid_turn(client, f"{prefix}-{c}", convos[c][t], thinking, prev))
     for run in runs:
-        for turn in run[:-1]:
+        for turn in run:
             turn.pop("ids")
-        run[-1].pop("ids")
     return runs
-
-
-def _pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))] if v else float("nan")
 
 
 def summarize_hybrid(runs: list[list[dict]]) -> dict:
@@ -404,7 +407,7 @@ def summarize_hybrid(runs: list[list[dict]]) -> dict:
             "turns_at_bound": sum(1 for r in later if r["cached_tokens"] == r["bound"]),
             "turns_below_bound": sum(1 for r in later if r["cached_tokens"] < r["bound"]), "turns": len(later),
             "ttft_ms_turn3_mean": sum(ttft3) / len(ttft3) if ttft3 else None,
-            "ttft_ms_turn3_p99": _pct(ttft3, 0.99) if ttft3 else None}
+            "ttft_ms_turn3_p99": percentile(ttft3, 99)}
 
 
 def run_hybrid(args) -> int:
@@ -471,14 +474,10 @@ def report_hybrid(results: dict, args) -> None:
 
 
 def plot_hybrid(path: str, results: dict) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    panels = _two_panels()
+    if panels is None:
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    plt, fig, axes = panels
     for key, ax in zip(("thinking-on", "thinking-off"), axes):
         for mode, data in results["modes"].items():
             if key not in data:
