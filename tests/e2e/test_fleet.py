@@ -14,6 +14,7 @@ leaves nothing running, and bad configurations fail with one clear line and noth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -116,22 +117,8 @@ def test_affinity_keeps_kv_reuse_and_round_robin_breaks_it(fleet, tmp_path):
     for turns in affinity:
         assert all(_served_from_cache(turns, block)), [(t["prev_tokens"], t["cached_tokens"]) for t in turns]
     # the same conversations through a round_robin router over the same two replicas
-    port = free_port_block(2)
-    log = open(tmp_path / "rr-router.log", "wb")
-    rr = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "vllm-router"), "--port", str(port),
-                           "--prometheus-port", str(port + 1), "--worker-urls", *fleet.replica_urls,
-                           "--policy", "round_robin", *ROUTER_FLAGS], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while not _ready(port):
-            assert time.monotonic() < deadline and rr.poll() is None, "the round_robin router did not start"
-            time.sleep(0.5)
-        rr_turns = [_reuse_turns(f"http://127.0.0.1:{port}", key, f"rr-{i}-{uuid.uuid4().hex[:6]}", words)
-                    for i in range(2)]
-    finally:
-        rr.terminate()
-        rr.wait(30)
-        log.close()
+    with round_robin_router(fleet.replica_urls, tmp_path / "rr-router.log") as rr_url:
+        rr_turns = [_reuse_turns(rr_url, key, f"rr-{i}-{uuid.uuid4().hex[:6]}", words) for i in range(2)]
     served = [ok for turns in rr_turns for ok in _served_from_cache(turns, block)]
     cached = lambda runs: sum(t["cached_tokens"] for r in runs for t in r)  # noqa: E731
     prompt = lambda runs: sum(t["prompt_tokens"] for r in runs for t in r)  # noqa: E731
@@ -139,6 +126,26 @@ def test_affinity_keeps_kv_reuse_and_round_robin_breaks_it(fleet, tmp_path):
           f"{cached(rr_turns) / prompt(rr_turns):.3f}, turns >= 3 served from cache {sum(served)}/{len(served)}")
     assert sum(served) < len(served), "round_robin kept every turn on a warm replica: the comparison shows nothing"
     assert cached(rr_turns) < cached(affinity)
+
+
+@contextlib.contextmanager
+def round_robin_router(replica_urls: list[str], log_path):
+    """vllm-router with the round_robin policy over ``replica_urls`` (what conversation affinity is compared with);
+    yields its base URL and stops it on exit."""
+    port = free_port_block(2)
+    with open(log_path, "wb") as log:
+        rr = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "vllm-router"), "--port", str(port),
+                               "--prometheus-port", str(port + 1), "--worker-urls", *replica_urls,
+                               "--policy", "round_robin", *ROUTER_FLAGS], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while not _ready(port):
+                assert time.monotonic() < deadline and rr.poll() is None, "the round_robin router did not start"
+                time.sleep(0.5)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            rr.terminate()
+            rr.wait(30)
 
 
 def _ready(port: int) -> bool:

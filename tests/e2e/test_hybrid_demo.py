@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from benchmarks.bench_kv_reuse import hybrid_conversation
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME as MODEL
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
@@ -211,21 +212,6 @@ def test_token_weighted_scheduler_on_the_hybrid_engine(hybrid):
 UNIT = 16  # the launcher's --prefix-match-unit for the family
 
 
-def _conversation(seed: int, turns: int, answer_tokens: list[int]) -> list[list[dict]]:
-    """Message lists of each request of one conversation: canned answers (of the given token lengths, cycled) fed
-    back as content, a new user message each turn."""
-    from qwen_vllm_ext.bench.prompts import PromptFactory
-
-    pf = PromptFactory(seed=seed, template="qwen3.5", model="qwen3.6")
-    msgs = [{"role": "system", "content": pf.text(40)}, {"role": "user", "content": pf.text(60)}]
-    out = [list(msgs)]
-    for k in range(1, turns):
-        msgs = msgs + [{"role": "assistant", "content": pf.text(answer_tokens[k % len(answer_tokens)])},
-                       {"role": "user", "content": pf.text(30 + 11 * k)}]
-        out.append(list(msgs))
-    return out
-
-
 def _turn(c, messages, thinking: bool, conversation: str) -> tuple[list[int], dict]:
     """(prompt ids from /tokenize, final streamed usage) of one request."""
     kwargs = {"enable_thinking": thinking}
@@ -258,7 +244,7 @@ def test_every_turn_resumes_where_the_previous_prompt_diverges(hybrid, thinking)
     server, _, key = hybrid
     prev: list[int] = []
     with client(server, key) as c:
-        for k, messages in enumerate(_conversation(100 + thinking, 10, [20, 150, 60, 300, 40])):
+        for k, messages in enumerate(hybrid_conversation(100 + thinking, 10)):
             ids, usage = _turn(c, messages, thinking, f"turns-{thinking}")
             assert usage["prompt_tokens"] == len(ids)
             shared = common_prefix(prev, ids)
@@ -273,7 +259,7 @@ def test_edited_history_falls_back_and_counts_stay_exact(hybrid):
     from qwen_vllm_ext.kv.reuse import common_prefix
 
     server, _, key = hybrid
-    convo = _conversation(300, 5, [80])
+    convo = hybrid_conversation(300, 5)
     with client(server, key) as c:
         seen: list[list[int]] = []
         for messages in convo:

@@ -4,21 +4,16 @@ turn of a conversation reaches the replica that kept its previous turn's state, 
 prefix it shares with the previous request; a round_robin router over the same replicas shows what affinity buys."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 import uuid
 
 import pytest
 
 from benchmarks.bench_kv_reuse import hybrid_conversation, run_hybrid_conversations
-from qwen_vllm_ext.bench.server import FleetProcess, ServerStartError, free_port_block
+from qwen_vllm_ext.bench.server import FleetProcess, ServerStartError
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME
-from qwen_vllm_ext.fleet.plan import ROUTER_FLAGS
 from tests.redis_server import RedisServer
 
-from .test_fleet import STARTUP_TIMEOUT_S, _ready
+from .test_fleet import STARTUP_TIMEOUT_S, round_robin_router
 
 TURNS = 5
 
@@ -54,20 +49,7 @@ def test_affinity_keeps_every_turn_cached_to_the_shared_prefix(hybrid_fleet, tmp
         assert _below_bound(runs) == [], thinking
         assert all(t["cached_tokens"] > 0 for run in runs for t in run[1:])
     # the same kind of conversations through a round_robin router: consecutive turns change replica
-    port = free_port_block(2)
-    log = open(tmp_path / "rr-router.log", "wb")
-    rr = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "vllm-router"), "--port", str(port),
-                           "--prometheus-port", str(port + 1), "--worker-urls", *hybrid_fleet.replica_urls,
-                           "--policy", "round_robin", *ROUTER_FLAGS], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while not _ready(port):
-            assert time.monotonic() < deadline and rr.poll() is None, "the round_robin router did not start"
-            time.sleep(0.5)
-        rr_runs = run_hybrid_conversations(f"http://127.0.0.1:{port}", f"rr-{seeds[0]}",
+    with round_robin_router(hybrid_fleet.replica_urls, tmp_path / "rr-router.log") as rr_url:
+        rr_runs = run_hybrid_conversations(rr_url, f"rr-{seeds[0]}",
                                            [hybrid_conversation(s + 17, TURNS) for s in seeds[:2]], True)
-    finally:
-        rr.terminate()
-        rr.wait(30)
-        log.close()
     assert _below_bound(rr_runs), "round_robin kept every turn on a warm replica: the comparison shows nothing"
