@@ -2,12 +2,17 @@
 
     .venv/bin/python benchmarks/bench_kv_reuse.py [--conversations 2] [--turns 10] [--block-size 32]
     .venv/bin/python benchmarks/bench_kv_reuse.py --model qwen36-demo [--conversations 4]   # the hybrid demo
+    .venv/bin/python benchmarks/bench_kv_reuse.py --model qwen36-demo --answers generated   # answer reuse
 
 With ``--model qwen36-demo`` (see ``run_hybrid``): the hybrid demo under the official Qwen3.5 template, canned
 answers of 20-600 tokens, thinking on and off, one server per mode of :data:`HYBRID_MODES` (the product's turn
 checkpoints against vLLM's own configurations and no cache); per request the prompt ids' longest prefix shared with
 the previous request (``shared``) and the best a cache can give (``bound``: shared floored to the 16-token match
-unit); writes benchmarks/results/bench_kv_reuse-hybrid.json and .png.
+unit); writes benchmarks/results/bench_kv_reuse-hybrid.json and .png. With ``--answers generated`` the model writes
+answers of 20-600 tokens (:func:`generated_conversation`) and they are fed back as generated, one server per mode of
+:data:`HYBRID_GENERATED_MODES` (the product's prefix-stable template with turn and answer checkpoints against the
+template alone, vLLM's best configurations with the official template, and no cache); writes
+benchmarks/results/bench_kv_reuse-hybrid-generated.json and .png.
 
 Server modes (one server at a time, all with ``--block-size B`` and the same demo model):
 
@@ -87,9 +92,11 @@ def word_token_ids() -> list[int]:
 
 
 def chat_turn(client: httpx.Client, body: dict, headers: dict) -> dict:
-    """One streamed chat request: prompt ids, generated ids and text, last chunk's usage, TTFT."""
+    """One streamed chat request: prompt ids, generated ids, text and reasoning (vLLM's reasoning parser's split),
+    last chunk's usage, TTFT."""
     started = time.perf_counter()
     prompt_ids, gen_ids, text, usage, ttft, finish, chunks_with_usage = None, [], [], None, None, None, 0
+    reasoning = []
     with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode(errors='replace')}")
@@ -110,10 +117,13 @@ def chat_turn(client: httpx.Client, body: dict, headers: dict) -> dict:
                 delta = choice.get("delta") or {}
                 if delta.get("content"):
                     text.append(delta["content"])
+                if delta.get("reasoning") or delta.get("reasoning_content"):
+                    reasoning.append(delta.get("reasoning") or delta.get("reasoning_content"))
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
     details = usage.get("prompt_tokens_details") or {}
-    return {"prompt_ids": prompt_ids, "gen_ids": gen_ids, "text": "".join(text), "finish": finish,
+    return {"prompt_ids": prompt_ids, "gen_ids": gen_ids, "text": "".join(text), "reasoning": "".join(reasoning),
+            "finish": finish,
             "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
             "cached_tokens": details.get("cached_tokens") or 0, "ttft_s": ttft, "chunks_with_usage": chunks_with_usage}
 
@@ -251,9 +261,15 @@ def main(argv=None) -> int:
     ap.add_argument("--interleave", action="store_true",
                     help=f"{HYBRID_MODEL}: turn t of every conversation before turn t+1 of any")
     ap.add_argument("--thinking-on-only", action="store_true", help=f"{HYBRID_MODEL}: skip the thinking-off runs")
+    ap.add_argument("--answers", choices=("canned", "generated"), default="canned",
+                    help=f"{HYBRID_MODEL}: canned answers under the official template (turn checkpoints), or answers "
+                         "the model generates, fed back as generated (answer checkpoints; modes: "
+                         f"{','.join(HYBRID_GENERATED_MODES)})")
     args = ap.parse_args(argv)
     if args.model == HYBRID_MODEL:
-        args.modes = args.modes or ",".join(HYBRID_MODES)
+        if args.answers == "generated" and (args.interleave or args.kv_blocks):
+            ap.error("--answers generated runs the conversations one after the other (no --interleave, --kv-blocks)")
+        args.modes = args.modes or ",".join(HYBRID_GENERATED_MODES if args.answers == "generated" else HYBRID_MODES)
         return run_hybrid(args)
     args.modes = args.modes or "reuse,stock,no-cache"
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -276,8 +292,9 @@ def main(argv=None) -> int:
                                              feedback=feedback, turns=args.turns, max_tokens=args.max_tokens, seed=m,
                                              word_ids=word_ids) for m in range(args.conversations)]
                     summary = summarize(runs, args.turns, args.block_size)
-                    summary["raw"] = [[{k: v for k, v in turn.items() if k not in ("prompt_ids", "gen_ids", "text")}
-                                       for turn in run] for run in runs]
+                    dropped = ("prompt_ids", "gen_ids", "text", "reasoning")
+                    summary["raw"] = [[{k: v for k, v in turn.items() if k not in dropped} for turn in run]
+                                      for run in runs]
                     results[mode][key][feedback] = summary
         finally:
             server.stop()
@@ -331,15 +348,26 @@ def report(results: dict, args) -> None:
 # ------------------------------------------------------------------------------------------------ hybrid model
 HYBRID_MODEL = "qwen36-demo"
 HYBRID_OFF = {"QWEN_VLLM_EXT_KV_TURN_CHECKPOINTS": "false"}  # vLLM's own checkpoints only
+OFFICIAL = ["--qwen-kv-reuse-template", "false"]  # the model's own (official Qwen3.5) template
 HYBRID_MODES = {  # name -> (launcher flags, environment); every server is the launcher on --model qwen36-demo
-    "product": ([], {}),  # the launcher's defaults: --prefix-match-unit 16 + the extension's turn checkpoints
-    "stock": (["--prefix-match-unit", "640"], HYBRID_OFF),  # vLLM's default unit: the raised 640-token block
-    "unit16": ([], HYBRID_OFF),  # stock with --prefix-match-unit 16 (retention 0: semantic checkpoints only)
-    "dense": (["--prefix-cache-retention-interval", "None"], HYBRID_OFF),  # + every block's state kept
-    "no-cache": (["--no-enable-prefix-caching"], HYBRID_OFF),  # the no-reuse baseline
-    "product-aa": ([], {}),  # product again: the A/A row (how much TTFT moves between identical servers)
+    "product": (OFFICIAL, {}),  # --prefix-match-unit 16 (the launcher's) + the extension's turn checkpoints
+    "stock": ([*OFFICIAL, "--prefix-match-unit", "640"], HYBRID_OFF),  # vLLM's default unit: the 640-token block
+    "unit16": (OFFICIAL, HYBRID_OFF),  # stock with --prefix-match-unit 16 (retention 0: semantic checkpoints only)
+    "dense": ([*OFFICIAL, "--prefix-cache-retention-interval", "None"], HYBRID_OFF),  # + every block's state kept
+    "no-cache": ([*OFFICIAL, "--no-enable-prefix-caching"], HYBRID_OFF),  # the no-reuse baseline
+    "product-aa": (OFFICIAL, {}),  # product again: the A/A row (how much TTFT moves between identical servers)
 }
-HYBRID_ANSWERS = (20, 80, 200, 400, 600)  # canned answer lengths (tokens), cycled per turn, shifted per conversation
+# --answers generated: the model writes the answers and they are fed back as generated
+HYBRID_GENERATED_MODES = {
+    "product": ([], {}),  # the launcher's defaults: qwen3.5-reuse template + turn and answer checkpoints
+    "reuse-template": ([], HYBRID_OFF),  # the prefix-stable template with vLLM's own checkpoints (unit 16)
+    "reuse-template-dense": (["--prefix-cache-retention-interval", "None"], HYBRID_OFF),  # + every block's state
+    "unit16": (OFFICIAL, HYBRID_OFF),  # vLLM's best configuration with the official template
+    "dense": ([*OFFICIAL, "--prefix-cache-retention-interval", "None"], HYBRID_OFF),
+    "no-cache": ([*OFFICIAL, "--no-enable-prefix-caching"], HYBRID_OFF),
+    "product-aa": ([], {}),
+}
+HYBRID_ANSWERS = (20, 80, 200, 400, 600)  # answer lengths (tokens), cycled per turn, shifted per conversation
 HYBRID_UNIT = 16
 
 
@@ -359,6 +387,62 @@ def hybrid_conversation(seed: int, turns: int) -> list[list[dict]]:
     return out
 
 
+def hybrid_words() -> dict[int, str]:
+    """Single-token words of the Qwen3.5/3.6 vocabulary (id -> text): a generated sequence of them re-tokenizes to
+    the very ids generated, as a real model's ordinary text does."""
+    from qwen_v3_calculator.tokenizer import Tokenizer
+
+    tok = Tokenizer.bundled("qwen3.6")
+    words = {}
+    for w in WORDS:
+        enc = tok.encode(w)
+        if len(enc) == 1:
+            words[enc[0]] = w
+    assert len(words) >= 16, words
+    return words
+
+
+def generated_conversation(client: httpx.Client, conv_id: str, seed: int, turns: int, thinking: bool,
+                           words: dict[int, str], template_kwargs: dict | None = None) -> list[dict]:
+    """One conversation whose answers the model writes: greedy, single-token words only (``allowed_token_ids``),
+    :data:`HYBRID_ANSWERS` tokens long (``ignore_eos``), fed back as a client gets it from vLLM's reasoning parser:
+    ``content`` and ``reasoning_content`` (thinking on, the words never close the think block, so all of it is
+    reasoning; thinking off, all of it is content). User
+    turns as in :func:`hybrid_conversation`. Per turn: :func:`chat_turn`'s fields (without ids and text) plus
+    ``shared`` (common prefix of the previous prompt + generated ids with this prompt) and ``bound`` (the most a
+    cache can give: the shared part the engine computed -- not the last generated token, never fed back -- floored
+    to the match unit)."""
+    from qwen_vllm_ext.bench.prompts import PromptFactory
+
+    pf = PromptFactory(seed=seed, template="qwen3.5", model="qwen3.6")
+    messages = [{"role": "system", "content": pf.text(200)}]
+    kwargs = {"enable_thinking": thinking, **(template_kwargs or {})}
+    out, prev = [], []
+    for t in range(turns):
+        messages.append({"role": "user", "content": pf.text(60 + (37 * t + 11 * seed) % 91)})
+        length = HYBRID_ANSWERS[(t + seed) % len(HYBRID_ANSWERS)]
+        body = {"model": HYBRID_MODEL, "messages": list(messages), "max_tokens": length, "ignore_eos": True,
+                "temperature": 0, "allowed_token_ids": list(words), "stream": True, "return_token_ids": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                "chat_template_kwargs": kwargs}
+        turn = chat_turn(client, body, {"x-session-id": conv_id})
+        ids, gen = turn.pop("prompt_ids"), turn.pop("gen_ids")
+        assert turn["prompt_tokens"] == len(ids) and len(gen) == length
+        shared = common_prefix(prev, ids)
+        computed = max(len(prev) - 1, 0)
+        text, reasoning = turn.pop("text"), turn.pop("reasoning")
+        assert text + reasoning == "".join(words[i] for i in gen)
+        turn.update(shared=shared, bound=min(shared, computed) // HYBRID_UNIT * HYBRID_UNIT,
+                    prev_seen=len(prev))
+        out.append(turn)
+        prev = ids + gen
+        assistant = {"role": "assistant", "content": text}
+        if reasoning:
+            assistant["reasoning_content"] = reasoning
+        messages.append(assistant)
+    return out
+
+
 def hybrid_turn(client: httpx.Client, conv_id: str, messages: list[dict], thinking: bool, prev_ids: list[int]) -> dict:
     """One request; ``shared``: its prompt ids' common prefix with ``prev_ids`` (the previous request's prompt),
     ``bound``: shared floored to the match unit; ``ids``: its prompt ids."""
@@ -368,7 +452,7 @@ def hybrid_turn(client: httpx.Client, conv_id: str, messages: list[dict], thinki
     ids = turn.pop("prompt_ids")
     assert turn["prompt_tokens"] == len(ids)
     shared = common_prefix(prev_ids, ids)
-    for k in ("gen_ids", "text"):
+    for k in ("gen_ids", "text", "reasoning"):
         turn.pop(k)
     turn.update(shared=shared, bound=shared // HYBRID_UNIT * HYBRID_UNIT, ids=ids)
     return turn
@@ -410,22 +494,33 @@ def summarize_hybrid(runs: list[list[dict]]) -> dict:
             "ttft_ms_turn3_p99": percentile(ttft3, 99)}
 
 
+def run_generated_conversations(base_url: str, prefix: str, conversations: int, turns: int,
+                                thinking: bool) -> list[list[dict]]:
+    """``conversations`` of :func:`generated_conversation`, one after the other (seeds per thinking mode)."""
+    words = hybrid_words()
+    with httpx.Client(base_url=base_url, timeout=600) as client:
+        return [generated_conversation(client, f"{prefix}-{m}", m + (0 if thinking else 1000), turns, thinking,
+                                       words) for m in range(conversations)]
+
+
 def run_hybrid(args) -> int:
     from qwen_vllm_ext.demo import HYBRID_CONFIG
     from qwen_vllm_ext.kv.checkpoints import state_bytes
 
+    generated = args.answers == "generated"
     out = args.out if args.out != os.path.join(RESULTS, "bench_kv_reuse.json") else \
-        os.path.join(RESULTS, "bench_kv_reuse-hybrid.json")
+        os.path.join(RESULTS, "bench_kv_reuse-hybrid-generated.json" if generated else "bench_kv_reuse-hybrid.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     # distinct conversations per thinking mode: one server serves both, and no run may hit another's prefixes
     convos = {thinking: [hybrid_conversation(m + (0 if thinking else 1000), args.turns)
                          for m in range(args.conversations)] for thinking in (True, False)}
+    modes = HYBRID_GENERATED_MODES if generated else HYBRID_MODES
     results: dict = {"config": {**vars(args), "answers": HYBRID_ANSWERS, "unit": HYBRID_UNIT},
                      "state": state_bytes(HYBRID_CONFIG, block_align=128), "modes": {}}
     tmp = tempfile.mkdtemp(prefix="bench-kv-reuse-hybrid-")
     t0 = time.monotonic()
     for mode in args.modes.split(","):
-        flags, env = HYBRID_MODES[mode]
+        flags, env = modes[mode]
         pressure = ["--num-gpu-blocks-override", str(args.kv_blocks)] if args.kv_blocks else []
         server = ServeProcess(["--model", HYBRID_MODEL, "--qwen-data-dir", os.path.join(tmp, mode), *flags, *pressure],
                               os.path.join(tmp, f"{mode}.log"), env={**os.environ, **env}, cwd=ROOT, label=mode)
@@ -434,8 +529,12 @@ def run_hybrid(args) -> int:
             results["modes"][mode] = {"flags": flags, "env": env}
             for thinking in ((True,) if args.thinking_on_only else (True, False)):
                 key = f"thinking-{'on' if thinking else 'off'}"
-                runs = run_hybrid_conversations(server.base_url, f"{mode}-{key}", convos[thinking], thinking,
-                                                interleave=args.interleave)
+                if generated:
+                    runs = run_generated_conversations(server.base_url, f"{mode}-{key}", args.conversations,
+                                                       args.turns, thinking)
+                else:
+                    runs = run_hybrid_conversations(server.base_url, f"{mode}-{key}", convos[thinking], thinking,
+                                                    interleave=args.interleave)
                 results["modes"][mode][key] = {"total": summarize_hybrid(runs), "raw": runs}
             print(f"[{time.monotonic() - t0:6.1f}s] {mode} done", file=sys.stderr)
         finally:
@@ -452,8 +551,10 @@ def run_hybrid(args) -> int:
 
 def report_hybrid(results: dict, args) -> None:
     modes = list(results["modes"])
-    print(f"\nKV reuse on the hybrid demo ({HYBRID_MODEL}), official Qwen3.5 template, {args.conversations} "
-          f"conversations x {args.turns} turns, canned answers {'/'.join(map(str, HYBRID_ANSWERS))} tokens, "
+    answers = ("generated answers (fed back as generated; templates per mode)" if args.answers == "generated"
+               else "official Qwen3.5 template, canned answers")
+    print(f"\nKV reuse on the hybrid demo ({HYBRID_MODEL}), {answers}, {args.conversations} "
+          f"conversations x {args.turns} turns, answers {'/'.join(map(str, HYBRID_ANSWERS))} tokens, "
           f"{results['elapsed_s']:.0f} s\n")
     print("| thinking | mode | prompt tokens | cached | computed prefill | vs no-cache | vs unit16 | "
           "turns cached to the shared prefix | below it | TTFT turns 3+ mean / p99 ms |")

@@ -147,7 +147,10 @@ PATCHES = [
         "subject": "qwen-vllm-ext: hybrid models keep the state where the next chat turn diverges",
         "body": "On align-mode hybrid models (Gated DeltaNet + attention) each chat request's junction\n"
                 "checkpoint is set just after its last <|im_start|>assistant opener, where the next\n"
-                "turn's prompt diverges, so the next turn resumes there (setting kv_turn_checkpoints).\n",
+                "turn's prompt diverges, so the next turn resumes there (setting kv_turn_checkpoints).\n"
+                "With the prefix-stable qwen3.5-reuse template the decode state is kept every 16\n"
+                "generated tokens too, the newest per request, so the next turn also reuses the answer\n"
+                "(setting kv_answer_checkpoints).\n",
         "edits": [("vllm/v1/core/sched/scheduler.py", APPEND, _module_hook(
             "turn_checkpoints", "hybrid models keep the state where the next chat turn diverges "
             "(setting kv_turn_checkpoints)."))],

@@ -120,12 +120,18 @@ class Settings:
 
     # ---- KV-cache reuse across turns -----------------------------------------------------------
     kv_reuse_template: bool = True
-    """Serve Qwen3 hybrid-thinking models with the package's prefix-stable ``qwen3-reuse`` chat template (earlier
-    turns keep their ``<think>`` blocks, so each turn reuses the previous turn's KV cache); false = the model's own."""
+    """Serve Qwen3 hybrid-thinking models with the package's prefix-stable ``qwen3-reuse`` chat template, and
+    Qwen3.5/3.6 models with ``qwen3.5-reuse`` (earlier turns keep their ``<think>`` blocks and answers as generated,
+    so each turn reuses the previous turn's KV cache); false = the model's own."""
     kv_turn_checkpoints: bool = True
     """Hybrid models (Gated DeltaNet + attention, e.g. Qwen3.5/3.6): have vLLM keep each chat request's recurrent
     state where the next turn's prompt diverges (after the last ``<|im_start|>assistant``), so the next turn resumes
     there instead of an older checkpoint; false = vLLM's own checkpoints only."""
+    kv_answer_checkpoints: bool = True
+    """Hybrid models served with the prefix-stable ``qwen3.5-reuse`` template (``kv_reuse_template``): also keep the
+    recurrent state while the answer is generated (every match unit, the newest one per request), so the next turn
+    reuses the previous answer too; costs one state copy per 16 generated tokens. Needs ``kv_turn_checkpoints``;
+    false = no decode states kept."""
     kv_reuse_tracker_size: int = 10000
     """Conversations whose previous turn each API-server process remembers for the reuse ratio (LRU)."""
     idle_sleep_s: float = 0.0

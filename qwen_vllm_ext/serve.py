@@ -240,12 +240,11 @@ def cpu_dp_binding(profile, args, environ) -> str | None:
 
 
 def kv_flags(settings, profile, model: str, given: set[str], print_only: bool = False, announce: bool = False) -> list[str]:
-    """KV-cache reuse flags: the prefix-stable template for Qwen3 models, sleep mode for ``idle_sleep_s``."""
-    from qwen_v3_calculator.chat import template_path
-
+    """KV-cache reuse flags: the prefix-stable template for Qwen3 and Qwen3.5/3.6 models, sleep mode for
+    ``idle_sleep_s``."""
     from .kv.reuse import launcher_flags
 
-    flags, note = launcher_flags(settings.kv_reuse_template, model, given, template_path())
+    flags, note = launcher_flags(settings.kv_reuse_template, model, given)
     if announce:
         print(f"qwen_vllm_ext.serve: KV-cache reuse template {note}", file=sys.stderr)
     if settings.idle_sleep_s > 0:

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="print calculate_tokens' full result as JSON")
         p.add_argument("--tokenizer", help="tokenizer.json or model directory (default: bundled Qwen3)")
         p.add_argument("--policy", default="default", help="billing policy preset")
-        p.add_argument("--template", help="chat template family: qwen2.5, qwen3, qwen3.5, qwen3-reuse")
+        p.add_argument("--template", help="chat template family: qwen2.5, qwen3, qwen3.5, qwen3-reuse, qwen3.5-reuse")
     args = parser.parse_args(argv)
 
     from .calculator import Calculator, to_jsonable

@@ -3,10 +3,12 @@
 ``render_chat`` returns the prompt string, ``count_chat`` its token count (``tokenizer.encode`` of the prompt,
 added tokens recognized, no BOS: vLLM tokenizes chat prompts with ``add_special_tokens=False``).
 Supported templates: ``"qwen2.5"``, ``"qwen3"`` and ``"qwen3.5"`` (also Qwen3.6; tool calls rendered as
-``<function=…><parameter=…>`` blocks), and ``"qwen3-reuse"``: this package's prefix-stable Qwen3 template
-(``data/qwen3-reuse.jinja``, :func:`template_path`), which keeps the ``<think>`` block of every earlier
-assistant turn (reasoning, or the empty block of ``enable_thinking=false``) unless the template kwarg
-``preserve_thinking`` is false, in which case it renders exactly as the official Qwen3 template. Each is a hand-written Python mirror of the official Jinja text
+``<function=…><parameter=…>`` blocks), and ``"qwen3-reuse"`` / ``"qwen3.5-reuse"``: this package's prefix-stable
+Qwen3 and Qwen3.5/3.6 templates (``data/qwen3-reuse.jinja``, ``data/qwen3.5-reuse.jinja``, :func:`template_path`),
+which keep the ``<think>`` block of every earlier assistant turn (reasoning, or the empty block of
+``enable_thinking=false``; the Qwen3.5 one also keeps the answer untrimmed) unless the template kwarg
+``preserve_thinking`` is false, in which case they render exactly as the official template. Each is a
+hand-written Python mirror of the official Jinja text
 (``qwen_vllm_ext.assets.chat_template``), rendered as transformers does (``trim_blocks``, ``lstrip_blocks``,
 ``tojson`` = ``json.dumps(ensure_ascii=False)`` without key sorting); unit tests hold them equal to that
 rendering. No jinja2 at count time.
@@ -40,7 +42,7 @@ __all__ = ["TEMPLATES", "REUSE_TEMPLATES", "count_chat", "render_chat", "normali
            "validate_messages", "message_text", "template_path"]
 
 TEMPLATES = ("qwen2.5", "qwen3", "qwen3.5")  # official templates (reference texts: qwen_vllm_ext.assets)
-REUSE_TEMPLATES = {"qwen3-reuse": "qwen3-reuse.jinja"}  # shipped by this package: name -> file in data/
+REUSE_TEMPLATES = {"qwen3-reuse": "qwen3-reuse.jinja", "qwen3.5-reuse": "qwen3.5-reuse.jinja"}  # shipped by this package: name -> file in data/
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _TEXT_PART_TYPES = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
                     "thinking": "thinking"}  # part type -> key holding its text
@@ -390,7 +392,16 @@ def _param_value(value) -> str:
     return str(value)  # Jinja's |string
 
 
-def _render_qwen35(msgs, tools, add_generation_prompt, enable_thinking) -> str:
+def _text35(content) -> str:
+    """Qwen3.5's ``render_content`` macro on text-only content, untrimmed (the reuse template's answer)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content) if content else ""
+
+
+def _render_qwen35(msgs, tools, add_generation_prompt, enable_thinking, preserve_thinking=False) -> str:
+    """The official Qwen3.5 template; ``preserve_thinking``: data/qwen3.5-reuse.jinja (every assistant turn keeps
+    its ``<think>`` block, empty when there is no reasoning, and its answer untrimmed)."""
     out = []
     first_system = msgs[0]["role"] == "system"
     if tools:
@@ -421,13 +432,18 @@ def _render_qwen35(msgs, tools, add_generation_prompt, enable_thinking) -> str:
         elif role == "user":
             out.append("<|im_start|>user\n" + content + "<|im_end|>\n")
         elif role == "assistant":
+            if preserve_thinking:
+                content = _text35(m["content"])
             reasoning = m.get("reasoning_content")
             if not isinstance(reasoning, str):
                 reasoning = ""
                 if "</think>" in content:
                     reasoning, content = _split_think(content)
-            reasoning = reasoning.strip()
-            if i > last_query:
+            if preserve_thinking:
+                reasoning, content = reasoning.strip("\n"), content.lstrip("\n")
+            else:
+                reasoning = reasoning.strip()
+            if preserve_thinking or i > last_query:
                 out.append("<|im_start|>assistant\n<think>\n" + reasoning + "\n</think>\n\n" + content)
             else:
                 out.append("<|im_start|>assistant\n" + content)
@@ -453,10 +469,14 @@ def _render_qwen3_reuse(msgs, tools, add_generation_prompt, enable_thinking, pre
     return _render_qwen3(msgs, tools, add_generation_prompt, enable_thinking, bool(preserve_thinking))
 
 
+def _render_qwen35_reuse(msgs, tools, add_generation_prompt, enable_thinking, preserve_thinking=True) -> str:
+    return _render_qwen35(msgs, tools, add_generation_prompt, enable_thinking, bool(preserve_thinking))
+
+
 _RENDERERS = {"qwen2.5": _render_qwen25, "qwen3": _render_qwen3, "qwen3.5": _render_qwen35,
-              "qwen3-reuse": _render_qwen3_reuse}
+              "qwen3-reuse": _render_qwen3_reuse, "qwen3.5-reuse": _render_qwen35_reuse}
 _CONTENT_FORMAT = {"qwen2.5": "string", "qwen3": "string", "qwen3.5": "openai",
-                   "qwen3-reuse": "string"}  # vLLM's detection result
+                   "qwen3-reuse": "string", "qwen3.5-reuse": "openai"}  # vLLM's detection result
 
 
 def template_path(name: str = "qwen3-reuse") -> str:

@@ -51,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap prompt + output (default: the server's max_model_len from /v1/models)")
     w.add_argument("--turns", type=int, default=1, help="turns per session (multi-turn conversations)")
     w.add_argument("--template", default="auto",
-                   help="chat template the calculator counts with (qwen3, qwen3-reuse, qwen2.5, qwen3.5); auto: the "
-                        "one (and the vocabulary) whose count matches the server's /tokenize on probe conversations")
+                   help="chat template the calculator counts with (qwen3, qwen3-reuse, qwen2.5, qwen3.5, "
+                        "qwen3.5-reuse); auto: the one (and the vocabulary) whose count matches the server's "
+                        "/tokenize on probe conversations")
     w.add_argument("--vocabulary", default="qwen3", choices=("qwen3", "qwen3.6"),
                    help="bundled vocabulary the calculator counts with (set with --template auto)")
     w.add_argument("--field-mix", type=float, default=0.0,
@@ -122,11 +123,12 @@ def server_max_model_len(base_url: str, model: str, api_key: str | None) -> int 
     return None
 
 
-# Templates differ on earlier assistant turns (qwen3 drops their think block, qwen3-reuse keeps an empty one) and
+# Templates differ on earlier assistant turns (qwen3/qwen3.5 drop their think block, the reuse ones keep an empty one) and
 # on a missing system message (qwen2.5 injects its default one): one probe of each.
 PROBES = ([{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
            {"role": "user", "content": "c"}], [{"role": "user", "content": "a"}])
-CANDIDATE_TEMPLATES = (("qwen3", "qwen3"), ("qwen3", "qwen3-reuse"), ("qwen3", "qwen2.5"), ("qwen3.6", "qwen3.5"))
+CANDIDATE_TEMPLATES = (("qwen3", "qwen3"), ("qwen3", "qwen3-reuse"), ("qwen3", "qwen2.5"), ("qwen3.6", "qwen3.5"),
+                       ("qwen3.6", "qwen3.5-reuse"))
 """(bundled vocabulary, chat template) pairs the calculator can count with."""
 
 

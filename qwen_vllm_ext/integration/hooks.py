@@ -89,11 +89,9 @@ async def init_state(engine_client, state, args) -> None:
 
 def chat_defaults(args) -> None:
     """``init_app_state``, before the chat template is loaded: with ``kv_reuse_template`` (default on) and no
-    ``--chat-template``, a Qwen3 hybrid-thinking model gets the package's prefix-stable template and default
-    ``chat_template_kwargs`` — the same choice the launcher makes (``qwen_vllm_ext.kv.reuse.launcher_flags``)."""
+    ``--chat-template``, a Qwen3 hybrid-thinking or Qwen3.5/3.6 model gets the package's prefix-stable template
+    and default ``chat_template_kwargs`` — the same choice the launcher makes (``qwen_vllm_ext.kv.reuse.launcher_flags``)."""
     import json
-
-    from qwen_v3_calculator.chat import template_path
 
     from ..kv import reuse
 
@@ -101,8 +99,7 @@ def chat_defaults(args) -> None:
     if not settings.enabled:
         return
     given = {name for name in ("chat_template", "default_chat_template_kwargs") if getattr(args, name, None)}
-    flags, note = reuse.launcher_flags(settings.kv_reuse_template, args.model, given,
-                                       template_path(reuse.REUSE_TEMPLATE))
+    flags, note = reuse.launcher_flags(settings.kv_reuse_template, args.model, given)
     for flag, value in zip(flags[::2], flags[1::2]):
         if flag == "--chat-template":
             args.chat_template = value

@@ -9,17 +9,32 @@ there instead of falling back to an older checkpoint. The mechanism is vLLM's ow
 keeps the state there (copy-on-write when it lies inside a block). Upstream enables it only for EAGLE siblings;
 here it is enabled for every align-mode hybrid engine and the junction is set to the turn boundary.
 
+**Answer checkpoints** (``kv_answer_checkpoints``, with the prefix-stable ``qwen3.5-reuse`` template, which renders
+the history exactly as generated): while a request decodes, each time its computed length reaches a multiple of
+the match unit (inside a block) the running state is copied into a fresh block keyed by that prefix — the copy
+runs on the worker before the step's forward overwrites the state, through vLLM's own copy-on-write queue — and
+the request's previous such state is dropped from the cache when nobody holds it, so one decode state per request
+is kept; the attention layers get a partial-block entry at the same length. The next turn then resumes at the end
+of the previous answer (floored to the unit) instead of its prompt. The key is registered only when the hash of
+the covered tokens exists (always with synchronous scheduling; with async scheduling one step later at most).
+
 Hooks (applied idempotently by the general plugin when ``kv_turn_checkpoints`` is on):
 
 * ``Scheduler.__init__``        -> turns the junction checkpoint on in the scheduler and the Mamba managers when
-  the engine qualifies (align mode, fine-grained hits, no MTP re-prefill tail, a tokenizer to find the opener);
+  the engine qualifies (align mode, fine-grained hits, no MTP re-prefill tail, a tokenizer to find the opener),
+  and the answer checkpoints when the served model gets the ``qwen3.5-reuse`` template;
 * ``KVCacheManager.get_computed_blocks`` -> returns the turn boundary as the junction when it lies beyond the hit
   and before the prompt's own tail checkpoint (else vLLM's junction, unchanged);
 * ``FullAttentionManager._cache_partial_tail_block`` -> also registers the attention layers' partial block entry
-  at the turn boundary (vLLM registers only the prompt tail), so attention can hit there too.
+  at the turn boundary (vLLM registers only the prompt tail), so attention can hit there too, and at the answer
+  checkpoint (before vLLM's tail entry: a longer entry drops the block's shorter ones, re-added after it);
+* ``MambaManager._cache_partial_tail_block`` -> keeps the answer checkpoint's state (copy-on-write into a new block);
+* ``KVCacheManager.free`` -> keeps the state after a finished request's last forward when it ends on a unit (no
+  later step sees that position), registered on the running blocks as they are freed.
 
 Targets the behaviour depends on without wrapping them are fingerprinted as well (the scheduler's chunk split at
-the junction, the Mamba manager's junction caching).
+the junction, the Mamba manager's cache_blocks deferring same-step hits on the returned key, the KV-cache manager's
+copy-on-write queue).
 """
 from __future__ import annotations
 
@@ -51,6 +66,12 @@ PATCH_TARGETS = {
         {"0.32.0": "99e4068434a3b29a", "0.33.0": "775d5ea5d98d0573"},
     "vllm.v1.core.single_type_kv_cache_manager:MambaManager._cache_partial_tail_block":
         {"0.32.0": "cfe3bbd4c5f09179", "0.33.0": "22ccf5a4cae17b40"},
+    "vllm.v1.core.single_type_kv_cache_manager:MambaManager.cache_blocks":
+        {"0.32.0": "52179d435613314c", "0.33.0": "52179d435613314c"},
+    "vllm.v1.core.kv_cache_manager:KVCacheManager.free":
+        {"0.32.0": "978a8e2a69ef730c", "0.33.0": "978a8e2a69ef730c"},
+    "vllm.v1.core.kv_cache_manager:KVCacheManager.take_kv_cache_block_copies":
+        {"0.32.0": "d64431229f1b8ab6", "0.33.0": "d64431229f1b8ab6"},
 }
 
 
@@ -68,10 +89,27 @@ def opener_ids(tokenizer) -> tuple[int, ...] | None:
     return tuple(int(i) for i in ids)
 
 
-def enable(scheduler) -> str | None:
-    """Turn the junction checkpoint on for ``scheduler``'s engine and give its KV-cache manager the opener ids.
+def answer_checkpoints_apply(settings, model: str) -> str | None:
+    """None when answer checkpoints apply to the served ``model``, else why not. They pay off only where the next
+    prompt repeats the answer token for token: the package's ``qwen3.5-reuse`` template, which the API server serves
+    for the same models (``kv_reuse_template``; a user's own ``--chat-template`` is not visible to the engine)."""
+    from .reuse import HYBRID_REUSE_TEMPLATE, reuse_template_for
+
+    if not getattr(settings, "kv_answer_checkpoints", False):
+        return "kv_answer_checkpoints=false"
+    if not getattr(settings, "kv_reuse_template", False):
+        return "kv_reuse_template=false (the official template re-renders answers)"
+    name, reason = reuse_template_for(model)
+    if name != HYBRID_REUSE_TEMPLATE:
+        return f"the {HYBRID_REUSE_TEMPLATE} template does not apply ({reason})"
+    return None
+
+
+def enable(scheduler, settings=None) -> str | None:
+    """Turn the junction checkpoint on for ``scheduler``'s engine and give its KV-cache manager the opener ids
+    (and, when :func:`answer_checkpoints_apply`, the answer checkpoints' unit to its Mamba and attention managers).
     Returns None when enabled, else why not (logged)."""
-    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 
     kvm = scheduler.kv_cache_manager
     managers = [m for m in kvm.coordinator.single_type_managers if isinstance(m, MambaManager)]
@@ -96,7 +134,100 @@ def enable(scheduler) -> str | None:
     scheduler.mamba_shared_prefix_checkpoint = True
     kvm._qwen_turn_opener = opener
     kvm._qwen_turn_unit = scheduler.hash_block_size
+    why_not = answer_checkpoints_apply(settings, scheduler.vllm_config.model_config.model)
+    if why_not is None and any(m.num_speculative_blocks for m in managers):
+        why_not = "speculative decoding (several tokens per step: the unit positions are skipped)"
+    kvm._qwen_answer_why_not = why_not
+    if why_not is None:
+        for manager in kvm.coordinator.single_type_managers:
+            if isinstance(manager, (MambaManager, FullAttentionManager)):
+                manager._qwen_answer_unit = scheduler.hash_block_size
     return None
+
+
+def _answer_position(manager, request) -> int:
+    """The prefix length to keep as this step's answer checkpoint, 0 for none: the request is decoding, its
+    computed length is a multiple of the unit inside a block (at a block boundary vLLM's own block holds it), and
+    the hash of those tokens exists (with async scheduling the newest token may still be a placeholder)."""
+    unit = getattr(manager, "_qwen_answer_unit", 0)
+    c = request.num_computed_tokens
+    if (not unit or c <= request.num_prompt_tokens or c % unit or c % manager.block_size == 0
+            or len(request.block_hashes) < c // unit):
+        return 0
+    blocks = manager.req_to_blocks[request.request_id]
+    idx = c // manager.block_size
+    if idx >= len(blocks) or blocks[idx].is_null:
+        return 0
+    return c
+
+
+def keep_answer_state(manager, request, finished: bool = False):
+    """Mamba manager: copy the running state at the answer checkpoint into a new block registered under that
+    prefix (vLLM's copy-on-write queue runs the copy before this step's forward), and drop the request's previous
+    answer state from the cache when nobody holds it. ``finished``: the request is being freed, its running block
+    holds the state after its last forward and is registered as it is (no copy). Returns the new key (None:
+    nothing kept)."""
+    c = _answer_position(manager, request)
+    if not c:
+        return None
+    pool = manager.block_pool
+    source = manager.req_to_blocks[request.request_id][c // manager.block_size]
+    if finished:
+        key = pool.cache_partial_block(request=request, block=source, num_tokens=c,
+                                       kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
+        kept_block = source
+    else:
+        # a fresh block is taken outside the step's allocation: never when it could leave a request short
+        if pool.get_num_free_blocks() <= max(2, pool.num_gpu_blocks // 32):
+            return None
+        kept_block = pool.get_new_blocks(1)[0]
+        key = pool.cache_partial_block(request=request, block=kept_block, num_tokens=c,
+                                       kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
+        if key is None:
+            pool.free_blocks([kept_block])
+            return None
+        # both ends stay held until the worker has run the copy (then the scheduler frees them: the copy stays
+        # cached)
+        manager._pending_cow_copies.append((source, kept_block))
+        source.ref_cnt += 1
+    if key is None:
+        return None
+    kept = getattr(request, "_qwen_answer_states", None)
+    if kept is None:
+        kept = request._qwen_answer_states = {}
+    previous = kept.get(manager.kv_cache_group_id)
+    if previous is not None:
+        block, old_key = previous
+        if block.ref_cnt == 0 and block.block_hash == old_key:
+            pool._maybe_evict_cached_block(block)
+    kept[manager.kv_cache_group_id] = (kept_block, key)
+    return key
+
+
+def keep_final_state(kvm, request) -> None:
+    """A request is being freed: the state after its last forward (the prompt and all but the last generated token)
+    is in its running blocks; keep it when it ends on a unit (the steps only saw the positions before it)."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    for manager in kvm.coordinator.single_type_managers:
+        if not getattr(manager, "_qwen_answer_unit", 0):
+            continue
+        if isinstance(manager, MambaManager):
+            keep_answer_state(manager, request, finished=True)
+        else:  # the attention entry, then vLLM's tail entry and the turn boundary again (shorter: re-added)
+            manager._cache_partial_tail_block(request, request.num_computed_tokens)
+
+
+def register_answer_entry(manager, request) -> bool:
+    """Attention manager: a partial-block entry at the answer checkpoint (the running block's KV up to there is
+    final). True when registered — it drops the block's shorter entries, which the caller re-adds."""
+    c = _answer_position(manager, request)
+    if not c:
+        return False
+    block = manager.req_to_blocks[request.request_id][c // manager.block_size]
+    manager.block_pool.cache_partial_block(request=request, block=block, num_tokens=c,
+                                           kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
+    return True
 
 
 def _boundary(kvm, request) -> int:
@@ -114,12 +245,12 @@ def _boundary(kvm, request) -> int:
 
 
 def install(settings) -> bool:
-    """Wrap the three hook points (idempotent). False when ``kv_turn_checkpoints`` is off."""
+    """Wrap the five hook points (idempotent). False when ``kv_turn_checkpoints`` is off."""
     if not getattr(settings, "kv_turn_checkpoints", False):
         return False
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 
     if getattr(KVCacheManager, _MARK, False):
         return True
@@ -129,10 +260,16 @@ def install(settings) -> bool:
     @functools.wraps(init)
     def scheduler_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        why_not = enable(self)
+        why_not = enable(self, settings)
         if why_not is None:
             logger.info("qwen-vllm-ext: turn checkpoints on (the state where each chat request's next turn diverges "
                         "is kept; match unit %d)", self.hash_block_size)
+            answer_why_not = self.kv_cache_manager._qwen_answer_why_not
+            if answer_why_not is None:
+                logger.info("qwen-vllm-ext: answer checkpoints on (the decode state every %d generated tokens, the "
+                            "newest per request, so the next turn reuses the answer)", self.hash_block_size)
+            else:
+                logger.info("qwen-vllm-ext: answer checkpoints off: %s", answer_why_not)
         elif why_not != NOT_HYBRID:  # dense models: nothing to say
             logger.info("qwen-vllm-ext: turn checkpoints off: %s", why_not)
 
@@ -152,10 +289,11 @@ def install(settings) -> bool:
 
     @functools.wraps(partial)
     def cache_partial_tail_block(self, request, num_tokens):
+        answered = register_answer_entry(self, request)  # first: vLLM's tail entry and ours are shorter
         partial(self, request, num_tokens)
         b = getattr(request, "_qwen_turn_boundary", 0)
         if (not b or b != request.shared_prefix_boundary or b > num_tokens
-                or num_tokens > request.num_prompt_tokens or b % self.block_size == 0):
+                or (num_tokens > request.num_prompt_tokens and not answered) or b % self.block_size == 0):
             return
         blocks = self.req_to_blocks[request.request_id]
         idx = b // self.block_size
@@ -164,8 +302,27 @@ def install(settings) -> bool:
             self.block_pool.cache_partial_block(request=request, block=blocks[idx], num_tokens=b,
                                                 kv_cache_group_id=self.kv_cache_group_id, block_size=self.block_size)
 
+    mamba_partial = MambaManager._cache_partial_tail_block
+
+    @functools.wraps(mamba_partial)
+    def mamba_cache_partial_tail_block(self, request, *args, **kwargs):
+        key = mamba_partial(self, request, *args, **kwargs)
+        if key is None and getattr(self, "_qwen_answer_unit", 0):
+            key = keep_answer_state(self, request)  # returned: cache_blocks defers same-step hits on it
+        return key
+
+    free = KVCacheManager.free
+
+    @functools.wraps(free)
+    def free_request(self, request):
+        if getattr(self, "_qwen_answer_why_not", "") is None:
+            keep_final_state(self, request)
+        free(self, request)
+
     Scheduler.__init__ = scheduler_init
     KVCacheManager.get_computed_blocks = get_computed_blocks
+    KVCacheManager.free = free_request
     FullAttentionManager._cache_partial_tail_block = cache_partial_tail_block
+    MambaManager._cache_partial_tail_block = mamba_cache_partial_tail_block
     setattr(KVCacheManager, _MARK, True)
     return True

@@ -1,7 +1,8 @@
 """Pure logic of multi-turn KV-cache reuse (no vLLM import).
 
-* :func:`reuse_template_applies` — is the served model a Qwen3 hybrid-thinking model, whose official template
-  breaks prefix reuse, so that the launcher should serve the package's ``qwen3-reuse`` template?
+* :func:`reuse_template_for` / :func:`reuse_template_applies` — is the served model one whose official template
+  breaks prefix reuse (a Qwen3 hybrid-thinking model, or a Qwen3.5/3.6 model with the official Qwen3.5 template),
+  so that the launcher should serve the package's prefix-stable template (``qwen3-reuse``, ``qwen3.5-reuse``)?
 * :func:`launcher_flags` — the vLLM flags the launcher adds for reuse mode.
 * :class:`ReuseTracker` — a bounded LRU (per API-server process) of the previous turn's prompt + completion
   tokens per conversation; ``reuse ratio = cached tokens of this turn / (previous turn's prompt + completion)``.
@@ -24,12 +25,17 @@ CONVERSATION_HEADERS = (SESSION_HEADER, b"x-conversation-id")  # first present w
 VALID_CONVERSATION_ID = re.compile(r"^[A-Za-z0-9._:@~/+=-]{1,128}$")
 MAX_USER_ID_CHARS = 256
 REUSE_TEMPLATE = "qwen3-reuse"
+HYBRID_REUSE_TEMPLATE = "qwen3.5-reuse"
+# the package's prefix-stable templates -> the official template each renders with preserve_thinking=false
+OFFICIAL_OF = {REUSE_TEMPLATE: "qwen3", HYBRID_REUSE_TEMPLATE: "qwen3.5"}
 DEFAULT_TEMPLATE_KWARGS = {"preserve_thinking": True}
 
 QWEN3_MODEL_TYPES = ("qwen3", "qwen3_moe")
 # Hugging Face ids of the original Qwen3 hybrid-thinking checkpoints (Qwen3-8B, Qwen3-30B-A3B-FP8, ...).
 # The 2507 Instruct/Thinking, Coder, VL, Base, Next and Qwen3.5+ releases have other templates.
 _QWEN3_ID = re.compile(r"(?i)(?:^|/)qwen3-\d+(?:\.\d+)?b(?:-a\d+(?:\.\d+)?b)?(?:-(?:fp8|awq|gptq[\w-]*|int[48][\w-]*))?$")
+# Hugging Face ids of the Qwen3.5/3.6 chat checkpoints (Qwen3.5-27B, Qwen3.6-35B-A3B-FP8, ...; not -Base).
+_QWEN35_ID = re.compile(r"(?i)(?:^|/)qwen3\.[56]-\d+(?:\.\d+)?b(?:-a\d+(?:\.\d+)?b)?(?:-(?:fp8|awq|gptq[\w-]*|int[48][\w-]*))?$")
 
 
 def _model_template(model_dir: str) -> str:
@@ -52,52 +58,81 @@ def is_hybrid_qwen3_template(template: str) -> bool:
         and "<|im_start|>" in template
 
 
-def reuse_template_applies(model: str) -> tuple[bool, str]:
-    """(applies, reason). ``model``: a local model directory or a Hugging Face id."""
+def is_qwen35_template(template: str) -> bool:
+    """The official Qwen3.5/3.6 template: thinking switch, ``<think>`` blocks, ``<function=...>`` tool calls."""
+    return is_hybrid_qwen3_template(template) and "<function=" in template
+
+
+def reuse_template_for(model: str) -> tuple[str | None, str]:
+    """(the package's template to serve, or None; reason). ``model``: a local model directory or a Hugging Face id.
+    Qwen3 hybrid-thinking models get ``qwen3-reuse``; Qwen3.5/3.6 models (and the hybrid demo, a Qwen3-Next class
+    with the Qwen3.6 tokenizer) with the official Qwen3.5 template get ``qwen3.5-reuse``."""
+    from ..family import detect
+
     path = os.path.expanduser(model)
     if os.path.isdir(path):
         model_type = _read_json(os.path.join(path, "config.json")).get("model_type")
+        if detect(path).name == "qwen3.6":
+            if not is_qwen35_template(_model_template(path)):
+                return None, "the model's own chat template is not the official Qwen3.5/3.6 template"
+            return HYBRID_REUSE_TEMPLATE, f"Qwen3.5/3.6 model ({model_type}) with the official template"
         if model_type not in QWEN3_MODEL_TYPES:
-            return False, f"model_type {model_type!r} is not Qwen3 ({', '.join(QWEN3_MODEL_TYPES)})"
+            return None, (f"model_type {model_type!r} is neither Qwen3 ({', '.join(QWEN3_MODEL_TYPES)}) nor "
+                          "Qwen3.5/3.6")
         if not is_hybrid_qwen3_template(_model_template(path)):
-            return False, "the model's own chat template is not the Qwen3 hybrid-thinking template"
-        return True, f"Qwen3 model ({model_type}) with the official hybrid-thinking template"
+            return None, "the model's own chat template is not the Qwen3 hybrid-thinking template"
+        return REUSE_TEMPLATE, f"Qwen3 model ({model_type}) with the official hybrid-thinking template"
     if _QWEN3_ID.search(model):
-        return True, "Hugging Face id of a Qwen3 hybrid-thinking checkpoint"
-    return False, "not a Qwen3 hybrid-thinking model"
+        return REUSE_TEMPLATE, "Hugging Face id of a Qwen3 hybrid-thinking checkpoint"
+    if _QWEN35_ID.search(model):
+        return HYBRID_REUSE_TEMPLATE, "Hugging Face id of a Qwen3.5/3.6 chat checkpoint"
+    return None, "not a Qwen3 hybrid-thinking or Qwen3.5/3.6 chat model"
 
 
-def launcher_flags(enabled: bool, model: str, given: set[str], template_path: str) -> tuple[list[str], str]:
+def reuse_template_applies(model: str) -> tuple[bool, str]:
+    """(applies, reason): :func:`reuse_template_for` as a yes/no."""
+    name, reason = reuse_template_for(model)
+    return name is not None, reason
+
+
+def launcher_flags(enabled: bool, model: str, given: set[str]) -> tuple[list[str], str]:
     """vLLM flags for reuse mode and a one-line note for the operator.
 
     ``given``: destinations of the vLLM flags the user passed (a user ``--chat-template`` always wins).
     """
+    from qwen_v3_calculator.chat import template_path
+
     if not enabled:
         return [], "off (kv_reuse_template=false): the model's own chat template"
     if "chat_template" in given:
         return [], "off: --chat-template given"
-    applies, reason = reuse_template_applies(model)
-    if not applies:
+    name, reason = reuse_template_for(model)
+    if name is None:
         return [], f"off: {reason}"
-    flags = ["--chat-template", template_path]
+    flags = ["--chat-template", template_path(name)]
     if "default_chat_template_kwargs" not in given:
         flags += ["--default-chat-template-kwargs", json.dumps(DEFAULT_TEMPLATE_KWARGS)]
-    return flags, f"on: {REUSE_TEMPLATE} template ({reason})"
+    return flags, f"on: {name} template ({reason})"
 
 
 def served_template(args) -> str | None:
-    """Calculator template name for a parsed vLLM namespace: ``qwen3-reuse`` when the package's template is
-    served and the server's default kwargs do not switch ``preserve_thinking`` off, ``qwen3`` when they do
-    (then it renders as the official template); ``None``: not ours (the calculator picks from the tokenizer)."""
+    """Calculator template name for a parsed vLLM namespace: ``qwen3-reuse`` / ``qwen3.5-reuse`` when one of the
+    package's templates is served and the server's default kwargs do not switch ``preserve_thinking`` off, the
+    official ``qwen3`` / ``qwen3.5`` when they do (then it renders as the official template); ``None``: not ours
+    (the calculator picks from the tokenizer)."""
     from qwen_v3_calculator.chat import template_path
 
     chat_template = getattr(args, "chat_template", None)
-    if not chat_template or os.path.abspath(os.path.expanduser(str(chat_template))) != template_path(REUSE_TEMPLATE):
+    if not chat_template:
+        return None
+    served = os.path.abspath(os.path.expanduser(str(chat_template)))
+    name = next((n for n in OFFICIAL_OF if served == template_path(n)), None)
+    if name is None:
         return None
     defaults = getattr(args, "default_chat_template_kwargs", None) or {}
     if "preserve_thinking" in defaults and not defaults["preserve_thinking"]:
-        return "qwen3"
-    return REUSE_TEMPLATE
+        return OFFICIAL_OF[name]
+    return name
 
 
 def _conversation_header(headers) -> tuple[str, str] | None:

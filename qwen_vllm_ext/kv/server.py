@@ -134,7 +134,7 @@ def sleeper_status() -> dict | None:
 
 def status() -> dict:
     """For the health route: the chat template family served in this API server and the idle-sleep state."""
-    return {"reuse_template": _TEMPLATE == reuse.REUSE_TEMPLATE, "template": _TEMPLATE or "model default",
+    return {"reuse_template": _TEMPLATE in reuse.OFFICIAL_OF, "template": _TEMPLATE or "model default",
             "reuse_template_applies": None if _APPLIES is None else _APPLIES[0],
             "reuse_template_note": None if _APPLIES is None else _APPLIES[1],
             "conversations_tracked": len(reuse.tracker()), "idle_sleep": sleeper_status()}

@@ -1,8 +1,8 @@
 """E2E on the Qwen3.6-family demo (``--model qwen36-demo``: hybrid Gated DeltaNet + gated attention, the Qwen3.5/3.6
-vocabulary and the official Qwen3.5 template), one shared server for the module: the launcher's choices, per-chunk
-usage with exact reasoning tokens (ledger and stream), the gateway's admission count on the field-coverage mix, the
-count endpoint, TokenStorm, the doctor and the token-weighted scheduler. The gateway's keys and limits live in a real
-Redis, the ledger in SQLite."""
+vocabulary, the official Qwen3.5 template served as the prefix-stable ``qwen3.5-reuse``), one shared server for the
+module: the launcher's choices, per-chunk usage with exact reasoning tokens (ledger and stream), the gateway's
+admission count on the field-coverage mix, the count endpoint, TokenStorm, the doctor, the token-weighted scheduler
+and KV reuse across turns. The gateway's keys and limits live in a real Redis, the ledger in SQLite."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from benchmarks.bench_kv_reuse import hybrid_conversation
+from benchmarks.bench_kv_reuse import generated_conversation, hybrid_conversation, hybrid_words
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME as MODEL
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
@@ -61,6 +61,7 @@ def test_the_launcher_serves_the_family(hybrid):
     log = server.log_path.read_text(errors="replace")
     assert "Qwen3NextForCausalLM" in log and "Mamba cache mode is set to 'align'" in log
     assert "turn checkpoints on" in log  # the engine core applied the runtime patch and qualified
+    assert "answer checkpoints on" in log and "qwen3.5-reuse template" in log
     cmd = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.serve", "--model", MODEL, "--print-command"],
                          capture_output=True, text=True, timeout=300).stdout.splitlines()
     for flag in ("--dtype bfloat16", "--reasoning-parser qwen3", "--tool-call-parser qwen3_coder",
@@ -146,7 +147,8 @@ def test_count_endpoint_and_gateway_count_equal_the_engine(hybrid):
             assert int(r.headers["x-qwen-prompt-tokens"]) == engine, name
             counted = c.post("/v1/tokens/count", json={k: v for k, v in body.items() if k != "max_tokens"}).json()
             assert counted["prompt_tokens"] == engine and counted["model"] == MODEL, name
-            assert count_chat(messages, tools=tools, model="qwen3.6", **kwargs) == engine, name
+            # the launcher serves the prefix-stable template for the family
+            assert count_chat(messages, tools=tools, model="qwen3.6", template="qwen3.5-reuse", **kwargs) == engine, name
             checked += 1
     assert checked >= 8
     # scripts with combining marks (split differently by the Qwen2 and Qwen3.5 rules): vLLM's tokenizer must agree
@@ -156,7 +158,8 @@ def test_count_endpoint_and_gateway_count_equal_the_engine(hybrid):
         r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": marks, "max_tokens": 1})
         assert r.status_code == 200, r.text
         engine = r.json()["usage"]["prompt_tokens"]
-        assert int(r.headers["x-qwen-prompt-tokens"]) == engine == count_chat(marks, model="qwen3.6")
+        assert int(r.headers["x-qwen-prompt-tokens"]) == engine == count_chat(marks, model="qwen3.6",
+                                                                              template="qwen3.5-reuse")
 
 
 def test_field_coverage_admission_count_equals_engine_count(hybrid):
@@ -208,13 +211,14 @@ def test_token_weighted_scheduler_on_the_hybrid_engine(hybrid):
     assert "qwen_ext_sched_cost_steps_fitted" in metrics
 
 
-# ---- KV reuse across turns: turn checkpoints ---------------------------------------------------------------------
+# ---- KV reuse across turns: turn checkpoints (official template), answer checkpoints (prefix-stable template) -----
 UNIT = 16  # the launcher's --prefix-match-unit for the family
 
 
 def _turn(c, messages, thinking: bool, conversation: str) -> tuple[list[int], dict]:
-    """(prompt ids from /tokenize, final streamed usage) of one request."""
-    kwargs = {"enable_thinking": thinking}
+    """(prompt ids from /tokenize, final streamed usage) of one request, rendered as the official Qwen3.5 template
+    renders it (``preserve_thinking: false`` on the served ``qwen3.5-reuse`` template)."""
+    kwargs = {"enable_thinking": thinking, "preserve_thinking": False}
     tok = c.post("/tokenize", json={"model": MODEL, "messages": messages, "add_generation_prompt": True,
                                     "chat_template_kwargs": kwargs})
     assert tok.status_code == 200, tok.text
@@ -250,6 +254,20 @@ def test_every_turn_resumes_where_the_previous_prompt_diverges(hybrid, thinking)
             shared = common_prefix(prev, ids)
             assert _cached(usage) == shared // UNIT * UNIT, (k, shared, usage)
             prev = ids
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_answers_are_reused_with_the_prefix_stable_template(hybrid, thinking):
+    """The launcher serves the family with ``qwen3.5-reuse``: fed back as vLLM's reasoning parser returned it, the
+    previous prompt and everything the model generated come back token for token, and the answer checkpoints give
+    every turn all of it from cache, to the match unit (the last generated token was never computed) -- the
+    previous answer (20-600 tokens) is not prefilled again. Counts stay exact."""
+    server, _, key = hybrid
+    with client(server, key) as c:
+        turns = generated_conversation(c, f"answers-{thinking}", 7 + thinking, 6, thinking, hybrid_words())
+    for k, turn in enumerate(turns[1:], 1):
+        assert turn["shared"] == turn["prev_seen"], (k, turn)  # prefix-stable: all of it comes back
+        assert turn["cached_tokens"] == turn["bound"] >= turn["prev_seen"] - 2 * UNIT, (k, turn)
 
 
 def test_edited_history_falls_back_and_counts_stay_exact(hybrid):

@@ -37,27 +37,44 @@ def test_reuse_template_applies_to_qwen3_hybrid_models_only(tmp_path):
                   "Qwen3-14B-AWQ"):
         assert reuse.reuse_template_applies(hf_id)[0], hf_id
     for hf_id in ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-4B-Thinking-2507", "Qwen/Qwen3-8B-Base",
-                  "Qwen/Qwen3.5-4B", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-Coder-30B-A3B-Instruct",
-                  "meta-llama/Llama-3.1-8B"):
+                  "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "Qwen/Qwen3.5-4B-Base",
+                  "Qwen/Qwen3-Next-80B-A3B-Instruct", "meta-llama/Llama-3.1-8B"):
         assert not reuse.reuse_template_applies(hf_id)[0], hf_id
 
 
-def test_demo_model_gets_the_reuse_template():
-    from qwen_vllm_ext.demo import ensure_demo_model
+def test_qwen35_family_gets_the_qwen35_reuse_template(tmp_path):
+    from qwen_vllm_ext import assets
 
-    assert reuse.reuse_template_applies(str(ensure_demo_model()))[0]
+    for hf_id in ("Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-27B", "Qwen/Qwen3.6-35B-A3B", "Qwen/Qwen3.6-27B-FP8"):
+        assert reuse.reuse_template_for(hf_id)[0] == "qwen3.5-reuse", hf_id
+    q35 = _model_dir(tmp_path, "qwen3_5", assets.chat_template("qwen3.5"))
+    assert reuse.reuse_template_for(q35)[0] == "qwen3.5-reuse"
+    # a Qwen3.5 config with another template (e.g. a fine-tune's): none of ours
+    name, why = reuse.reuse_template_for(_model_dir(tmp_path, "qwen3_5_moe", "{{ messages }}"))
+    assert name is None and "not the official Qwen3.5/3.6 template" in why
+    # the Qwen3 template is not the Qwen3.5 one (no <function=...> tool calls)
+    assert not reuse.is_qwen35_template(assets.chat_template("qwen3"))
+
+
+def test_demo_models_get_their_reuse_templates():
+    from qwen_vllm_ext.demo import HYBRID_VARIANT, ensure_demo_model
+
+    assert reuse.reuse_template_for(str(ensure_demo_model()))[0] == "qwen3-reuse"
+    assert reuse.reuse_template_for(str(ensure_demo_model(variant=HYBRID_VARIANT)))[0] == "qwen3.5-reuse"
 
 
 def test_launcher_flags():
     path = template_path()
-    flags, note = reuse.launcher_flags(True, "Qwen/Qwen3-8B", set(), path)
+    flags, note = reuse.launcher_flags(True, "Qwen/Qwen3-8B", set())
     assert flags == ["--chat-template", path, "--default-chat-template-kwargs", '{"preserve_thinking": true}']
-    assert note.startswith("on:")
-    assert reuse.launcher_flags(False, "Qwen/Qwen3-8B", set(), path)[0] == []          # stock: one setting away
-    assert reuse.launcher_flags(True, "Qwen/Qwen3-8B", {"chat_template"}, path)[0] == []  # the user's wins
-    assert reuse.launcher_flags(True, "Qwen/Qwen3-8B", {"default_chat_template_kwargs"}, path)[0] == [
+    assert note.startswith("on: qwen3-reuse")
+    assert reuse.launcher_flags(False, "Qwen/Qwen3-8B", set())[0] == []          # stock: one setting away
+    assert reuse.launcher_flags(True, "Qwen/Qwen3-8B", {"chat_template"})[0] == []  # the user's wins
+    assert reuse.launcher_flags(True, "Qwen/Qwen3-8B", {"default_chat_template_kwargs"})[0] == [
         "--chat-template", path]
-    assert reuse.launcher_flags(True, "Qwen/Qwen2.5-7B-Instruct", set(), path)[0] == []
+    assert reuse.launcher_flags(True, "Qwen/Qwen2.5-7B-Instruct", set())[0] == []
+    flags, note = reuse.launcher_flags(True, "Qwen/Qwen3.6-35B-A3B", set())
+    assert flags[:2] == ["--chat-template", template_path("qwen3.5-reuse")] and note.startswith("on: qwen3.5-reuse")
 
 
 def test_served_template_for_the_calculator():
@@ -65,6 +82,10 @@ def test_served_template_for_the_calculator():
     assert reuse.served_template(ns(chat_template=template_path(), default_chat_template_kwargs=None)) == "qwen3-reuse"
     assert reuse.served_template(ns(chat_template=template_path(),
                                     default_chat_template_kwargs={"preserve_thinking": False})) == "qwen3"
+    q35 = template_path("qwen3.5-reuse")
+    assert reuse.served_template(ns(chat_template=q35, default_chat_template_kwargs=None)) == "qwen3.5-reuse"
+    assert reuse.served_template(ns(chat_template=q35,
+                                    default_chat_template_kwargs={"preserve_thinking": False})) == "qwen3.5"
     assert reuse.served_template(ns(chat_template=None, default_chat_template_kwargs=None)) is None
     assert reuse.served_template(ns(chat_template="/other.jinja", default_chat_template_kwargs=None)) is None
 

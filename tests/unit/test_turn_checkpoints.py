@@ -139,3 +139,89 @@ def test_an_extra_state_only_where_the_generation_prompt_crosses_a_unit(opener, 
         ids = [1000] * body + opener + [7] * tail
         placed += _boundary(kvm, SimpleNamespace(prompt_token_ids=ids, num_prompt_tokens=len(ids))) > 0
     assert placed == 4 * extra
+
+
+# ---- answer checkpoints -----------------------------------------------------------------------------------------
+def test_answer_checkpoints_apply_only_with_the_prefix_stable_template():
+    from types import SimpleNamespace
+
+    from qwen_vllm_ext.demo import HYBRID_VARIANT, ensure_demo_model
+    from qwen_vllm_ext.kv.hybrid_checkpoints import answer_checkpoints_apply
+
+    on = SimpleNamespace(kv_answer_checkpoints=True, kv_reuse_template=True)
+    hybrid = str(ensure_demo_model(variant=HYBRID_VARIANT))
+    assert answer_checkpoints_apply(on, hybrid) is None
+    assert answer_checkpoints_apply(on, "Qwen/Qwen3.6-35B-A3B") is None
+    assert "kv_answer_checkpoints=false" in answer_checkpoints_apply(
+        SimpleNamespace(kv_answer_checkpoints=False, kv_reuse_template=True), hybrid)
+    # the official template re-renders answers: a decode state would never be hit
+    assert "kv_reuse_template=false" in answer_checkpoints_apply(
+        SimpleNamespace(kv_answer_checkpoints=True, kv_reuse_template=False), hybrid)
+    assert "does not apply" in answer_checkpoints_apply(on, "Qwen/Qwen3-Next-80B-A3B-Instruct")
+
+
+def _decoding(computed: int, prompt: int, known: int, blocks: int = 2, null: tuple = ()):
+    """A fake manager (block 64, unit 16) and request: ``computed`` tokens computed, ``known`` tokens hashed."""
+    from types import SimpleNamespace
+
+    manager = SimpleNamespace(_qwen_answer_unit=UNIT, block_size=64,
+                              req_to_blocks={"r": [SimpleNamespace(is_null=i in null) for i in range(blocks)]})
+    request = SimpleNamespace(request_id="r", num_computed_tokens=computed, num_prompt_tokens=prompt,
+                              block_hashes=[0] * (known // UNIT))
+    return manager, request
+
+
+def test_answer_position_is_a_decode_unit_inside_a_block_whose_hash_exists():
+    from qwen_vllm_ext.kv.hybrid_checkpoints import _answer_position
+
+    assert _answer_position(*_decoding(80, 70, 81)) == 80     # decoding, on a unit, inside block 1
+    assert _answer_position(*_decoding(81, 70, 82)) == 0      # not on a unit
+    assert _answer_position(*_decoding(64, 50, 65)) == 0      # a block boundary: vLLM's own block holds it
+    assert _answer_position(*_decoding(48, 50, 49)) == 0      # still the prompt: vLLM's checkpoints
+    assert _answer_position(*_decoding(80, 70, 79)) == 0      # async scheduling: the newest token not known yet
+    assert _answer_position(*_decoding(80, 70, 81, null=(1,))) == 0
+    assert _answer_position(*_decoding(144, 70, 145)) == 0    # no block there
+    manager, request = _decoding(80, 70, 81)
+    manager._qwen_answer_unit = 0                            # off for this engine
+    assert _answer_position(manager, request) == 0
+
+
+def test_keep_answer_state_copies_into_a_new_block_and_keeps_only_the_newest():
+    """With vLLM's real block pool: the running state is queued for a copy into a fresh block registered under
+    the prefix; the request's previous answer state leaves the cache once nobody holds it; a short pool keeps
+    nothing (a request is never left short); a finished request's running block is registered as it is."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.block_pool import BlockPool
+
+    from qwen_vllm_ext.kv.hybrid_checkpoints import keep_answer_state
+
+    pool = BlockPool(num_gpu_blocks=40, enable_caching=True, hash_block_size=UNIT)
+    cached = pool.cached_block_hash_to_block.get_one_block
+    running = pool.get_new_blocks(2)
+    manager = SimpleNamespace(_qwen_answer_unit=UNIT, block_size=64, block_pool=pool, kv_cache_group_id=0,
+                              req_to_blocks={"r": running}, _pending_cow_copies=[])
+    request = SimpleNamespace(request_id="r", num_prompt_tokens=70, num_computed_tokens=80,
+                              block_hashes=[bytes([i]) * 8 for i in range(20)])
+    key = keep_answer_state(manager, request)
+    (source, first), = manager._pending_cow_copies
+    assert source is running[1] and first not in running and first.block_hash == key
+    assert cached(key) is first
+    pool.free_blocks([source, first])  # what the scheduler does once the copy has run
+    assert first.ref_cnt == 0 and cached(key) is first  # kept, evictable
+
+    request.num_computed_tokens = 96
+    newer = keep_answer_state(manager, request)
+    assert newer != key and first.block_hash is None  # the older state left the cache
+    assert cached(key) is None and cached(newer) is not None
+
+    free_before = pool.get_num_free_blocks()
+    pool.get_new_blocks(free_before - 2)  # leave the pool short
+    request.num_computed_tokens = 112
+    assert keep_answer_state(manager, request) is None and pool.get_num_free_blocks() == 2
+
+    request.num_computed_tokens = 120  # not a unit: nothing at a step; finished on 112 -> the block itself
+    assert keep_answer_state(manager, request, finished=True) is None
+    request.num_computed_tokens = 112
+    final = keep_answer_state(manager, request, finished=True)
+    assert running[1].block_hash == final and len(manager._pending_cow_copies) == 2  # no copy for the final one
