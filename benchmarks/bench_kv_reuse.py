@@ -125,7 +125,8 @@ def chat_turn(client: httpx.Client, body: dict, headers: dict) -> dict:
     return {"prompt_ids": prompt_ids, "gen_ids": gen_ids, "text": "".join(text), "reasoning": "".join(reasoning),
             "finish": finish,
             "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
-            "cached_tokens": details.get("cached_tokens") or 0, "ttft_s": ttft, "chunks_with_usage": chunks_with_usage}
+            "cached_tokens": details.get("cached_tokens") or 0, "ttft_s": ttft, "chunks_with_usage": chunks_with_usage,
+            "elapsed_s": time.perf_counter() - started}
 
 
 def run_conversation(base_url: str, conv_id: str, *, thinking: bool, feedback: str, preserve: bool | None = None,
@@ -265,7 +266,22 @@ def main(argv=None) -> int:
                     help=f"{HYBRID_MODEL}: canned answers under the official template (turn checkpoints), or answers "
                          "the model generates, fed back as generated (answer checkpoints; modes: "
                          f"{','.join(HYBRID_GENERATED_MODES)})")
+    ap.add_argument("--summarize", metavar="JSON", help=f"{HYBRID_MODEL}: recompute the table from a written JSON's "
+                    "raw turns (no server)")
     args = ap.parse_args(argv)
+    if args.summarize:
+        with open(args.summarize) as f:
+            results = json.load(f)
+        for data in results["modes"].values():
+            for key in ("thinking-on", "thinking-off"):
+                if key in data:
+                    data[key]["total"] = summarize_hybrid(data[key]["raw"])
+        raw = [r for data in results["modes"].values() for key in ("thinking-on", "thinking-off") if key in data
+               for run in data[key]["raw"] for r in run]
+        run_args = argparse.Namespace(**{**results["config"],
+                                         "answers": "generated" if any("prev_seen" in r for r in raw) else "canned"})
+        report_hybrid(results, run_args)
+        return 0
     if args.model == HYBRID_MODEL:
         if args.answers == "generated" and (args.interleave or args.kv_blocks):
             ap.error("--answers generated runs the conversations one after the other (no --interleave, --kv-blocks)")
@@ -491,16 +507,31 @@ def summarize_hybrid(runs: list[list[dict]]) -> dict:
             "turns_at_bound": sum(1 for r in later if r["cached_tokens"] == r["bound"]),
             "turns_below_bound": sum(1 for r in later if r["cached_tokens"] < r["bound"]), "turns": len(later),
             "ttft_ms_turn3_mean": sum(ttft3) / len(ttft3) if ttft3 else None,
-            "ttft_ms_turn3_p99": percentile(ttft3, 99)}
+            "ttft_ms_turn3_p99": percentile(ttft3, 99),
+            # decode time per generated token after the first (answer checkpoints copy a state every 16 tokens)
+            "decode_ms_per_token": decode_ms_per_token(rows),
+            # generated answers: turns whose computed prefill is at most what is new since the previous request
+            # (the user message and template tokens) plus one match unit -- the previous answer was reused
+            "turns_new_plus_unit": sum(1 for r in later if "prev_seen" in r and
+                                       r["prompt_tokens"] - r["cached_tokens"]
+                                       <= r["prompt_tokens"] - r["prev_seen"] + HYBRID_UNIT)}
+
+
+def decode_ms_per_token(rows: list[dict]) -> float | None:
+    timed = [r for r in rows if r.get("elapsed_s") is not None and r["ttft_s"] is not None
+             and r["completion_tokens"] > 1]
+    tokens = sum(r["completion_tokens"] - 1 for r in timed)
+    return 1000 * sum(r["elapsed_s"] - r["ttft_s"] for r in timed) / tokens if tokens else None
 
 
 def run_generated_conversations(base_url: str, prefix: str, conversations: int, turns: int,
-                                thinking: bool) -> list[list[dict]]:
-    """``conversations`` of :func:`generated_conversation`, one after the other (seeds per thinking mode)."""
+                                thinking: bool, seed0: int = 0) -> list[list[dict]]:
+    """``conversations`` of :func:`generated_conversation`, one after the other (seeds from ``seed0``, distinct per
+    thinking mode)."""
     words = hybrid_words()
     with httpx.Client(base_url=base_url, timeout=600) as client:
-        return [generated_conversation(client, f"{prefix}-{m}", m + (0 if thinking else 1000), turns, thinking,
-                                       words) for m in range(conversations)]
+        return [generated_conversation(client, f"{prefix}-{m}", seed0 + m + (0 if thinking else 1000), turns,
+                                       thinking, words) for m in range(conversations)]
 
 
 def run_hybrid(args) -> int:
@@ -551,14 +582,16 @@ def run_hybrid(args) -> int:
 
 def report_hybrid(results: dict, args) -> None:
     modes = list(results["modes"])
-    answers = ("generated answers (fed back as generated; templates per mode)" if args.answers == "generated"
+    generated = args.answers == "generated"
+    answers = ("generated answers (fed back as generated; templates per mode)" if generated
                else "official Qwen3.5 template, canned answers")
     print(f"\nKV reuse on the hybrid demo ({HYBRID_MODEL}), {answers}, {args.conversations} "
           f"conversations x {args.turns} turns, answers {'/'.join(map(str, HYBRID_ANSWERS))} tokens, "
           f"{results['elapsed_s']:.0f} s\n")
     print("| thinking | mode | prompt tokens | cached | computed prefill | vs no-cache | vs unit16 | "
-          "turns cached to the shared prefix | below it | TTFT turns 3+ mean / p99 ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "turns cached to the shared prefix | below it | TTFT turns 3+ mean / p99 ms | decode ms/token |"
+          + (" computed ≤ new tokens + 16 |" if generated else ""))
+    print("|---" * (12 if generated else 11) + "|")
     for key in ("thinking-on", "thinking-off"):
         if key not in results["modes"][modes[0]]:
             continue
@@ -570,8 +603,10 @@ def report_hybrid(results: dict, args) -> None:
             vs = f"{t['computed'] / best:.3f}×" if best else "—"
             ttft = "—" if t["ttft_ms_turn3_mean"] is None else \
                 f"{t['ttft_ms_turn3_mean']:.1f} / {t['ttft_ms_turn3_p99']:.1f}"
+            decode = "—" if t.get("decode_ms_per_token") is None else f"{t['decode_ms_per_token']:.2f}"
+            new_unit = f" | {t['turns_new_plus_unit']}/{t['turns']}" if generated else ""
             print(f"| {key[9:]} | {mode} | {t['prompt_tokens']} | {t['cached']} | {t['computed']} | {fewer} | {vs} | "
-                  f"{t['turns_at_bound']}/{t['turns']} | {t['turns_below_bound']} | {ttft} |")
+                  f"{t['turns_at_bound']}/{t['turns']} | {t['turns_below_bound']} | {ttft} | {decode}{new_unit} |")
 
 
 def plot_hybrid(path: str, results: dict) -> bool:

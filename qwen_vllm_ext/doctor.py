@@ -287,17 +287,18 @@ class Doctor:
         template = kv.get("template")
         seen = (f"turns 2-3 reused {', '.join(f'{r:.0%}' for r in ratios)} of the previous turn's prompt "
                 f"(block-rounded, block {block}); template {template}")
-        fix_template = ("kv_reuse_template=true (the launcher's default) serves Qwen3 with the prefix-stable "
-                        "qwen3-reuse template; the stock one drops earlier turns' thinking, so those turns re-prefill")
+        fix_template = ("kv_reuse_template=true (the launcher's default) serves Qwen3 and Qwen3.5/3.6 with the "
+                        "prefix-stable qwen3-reuse / qwen3.5-reuse template; the stock one drops earlier turns' "
+                        "thinking, so those turns re-prefill")
         if worst < REUSE_MIN:
             self.add("kv reuse", "FAIL", seen, fix_template if not kv.get("reuse_template") else
                      "cache pressure (KV-cache usage) or a template that rewrites earlier turns")
         elif not kv.get("reuse_template") and kv.get("reuse_template_applies") is False:
-            # not a Qwen3 hybrid-thinking model (e.g. Qwen3.5/3.6): the qwen3-reuse template is not for it
-            self.add("kv reuse", "PASS", f"{seen}; the qwen3-reuse template does not apply "
+            # a model none of the package's templates is for (e.g. Qwen2.5, a fine-tune with its own template)
+            self.add("kv reuse", "PASS", f"{seen}; the prefix-stable templates do not apply "
                      f"({kv.get('reuse_template_note')})")
         elif not kv.get("reuse_template"):
-            self.add("kv reuse", "WARN", seen + "; the qwen3-reuse template is off", fix_template)
+            self.add("kv reuse", "WARN", seen + "; the prefix-stable template is off", fix_template)
         else:
             self.add("kv reuse", "PASS", seen)
 

@@ -11,12 +11,14 @@ here it is enabled for every align-mode hybrid engine and the junction is set to
 
 **Answer checkpoints** (``kv_answer_checkpoints``, with the prefix-stable ``qwen3.5-reuse`` template, which renders
 the history exactly as generated): while a request decodes, each time its computed length reaches a multiple of
-the match unit (inside a block) the running state is copied into a fresh block keyed by that prefix — the copy
+the match unit the running state is copied into a fresh block keyed by that prefix — the copy
 runs on the worker before the step's forward overwrites the state, through vLLM's own copy-on-write queue — and
 the request's previous such state is dropped from the cache when nobody holds it, so one decode state per request
 is kept; the attention layers get a partial-block entry at the same length. The next turn then resumes at the end
-of the previous answer (floored to the unit) instead of its prompt. The key is registered only when the hash of
-the covered tokens exists (always with synchronous scheduling; with async scheduling one step later at most).
+of the previous answer (floored to the unit) instead of its prompt. A position is kept only when the hash of the
+tokens it covers exists: always with synchronous scheduling; with async scheduling a position whose newest token
+is still a placeholder is skipped. A finished request's last state (the steps never see it) is registered on its
+running block as it is freed.
 
 Hooks (applied idempotently by the general plugin when ``kv_turn_checkpoints`` is on):
 
@@ -145,17 +147,19 @@ def enable(scheduler, settings=None) -> str | None:
     return None
 
 
-def _answer_position(manager, request) -> int:
+def _answer_position(manager, request, block_ends: bool = True) -> int:
     """The prefix length to keep as this step's answer checkpoint, 0 for none: the request is decoding, its
-    computed length is a multiple of the unit inside a block (at a block boundary vLLM's own block holds it), and
-    the hash of those tokens exists (with async scheduling the newest token may still be a placeholder)."""
+    computed length is a multiple of the unit, and the hash of those tokens exists (with async scheduling the newest
+    token may still be a placeholder). The state (KV) there is in block ``(c - 1) // block_size``. ``block_ends``:
+    also at a block's end (the Mamba state: vLLM keeps decode states only under dense retention; the attention
+    layers' full block is cached by vLLM anyway)."""
     unit = getattr(manager, "_qwen_answer_unit", 0)
     c = request.num_computed_tokens
-    if (not unit or c <= request.num_prompt_tokens or c % unit or c % manager.block_size == 0
+    if (not unit or c <= request.num_prompt_tokens or c % unit or (c % manager.block_size == 0 and not block_ends)
             or len(request.block_hashes) < c // unit):
         return 0
     blocks = manager.req_to_blocks[request.request_id]
-    idx = c // manager.block_size
+    idx = (c - 1) // manager.block_size
     if idx >= len(blocks) or blocks[idx].is_null:
         return 0
     return c
@@ -171,7 +175,7 @@ def keep_answer_state(manager, request, finished: bool = False):
     if not c:
         return None
     pool = manager.block_pool
-    source = manager.req_to_blocks[request.request_id][c // manager.block_size]
+    source = manager.req_to_blocks[request.request_id][(c - 1) // manager.block_size]
     if finished:
         key = pool.cache_partial_block(request=request, block=source, num_tokens=c,
                                        kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
@@ -221,10 +225,10 @@ def keep_final_state(kvm, request) -> None:
 def register_answer_entry(manager, request) -> bool:
     """Attention manager: a partial-block entry at the answer checkpoint (the running block's KV up to there is
     final). True when registered — it drops the block's shorter entries, which the caller re-adds."""
-    c = _answer_position(manager, request)
+    c = _answer_position(manager, request, block_ends=False)
     if not c:
         return False
-    block = manager.req_to_blocks[request.request_id][c // manager.block_size]
+    block = manager.req_to_blocks[request.request_id][(c - 1) // manager.block_size]
     manager.block_pool.cache_partial_block(request=request, block=block, num_tokens=c,
                                            kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
     return True

@@ -65,8 +65,10 @@ def test_the_launcher_serves_the_family(hybrid):
     cmd = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.serve", "--model", MODEL, "--print-command"],
                          capture_output=True, text=True, timeout=300).stdout.splitlines()
     for flag in ("--dtype bfloat16", "--reasoning-parser qwen3", "--tool-call-parser qwen3_coder",
-                 "--enable-auto-tool-choice", "--prefix-match-unit 16", f"--served-model-name {MODEL}"):
+                 "--enable-auto-tool-choice", "--prefix-match-unit 16", f"--served-model-name {MODEL}",
+                 '--default-chat-template-kwargs {"preserve_thinking": true}'):
         assert flag in cmd, (flag, cmd)
+    assert any(line.startswith("--chat-template ") and line.endswith("/qwen3.5-reuse.jinja") for line in cmd), cmd
     health = httpx.get(server.base_url + "/qwen_ext/health", timeout=30).json()
     assert health["settings"]["gateway"] is True
 

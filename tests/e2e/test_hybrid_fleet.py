@@ -1,14 +1,15 @@
-"""E2E: turn checkpoints hold across a fleet of hybrid replicas -- ``python -m qwen_vllm_ext.fleet --model
-qwen36-demo`` with 2 replicas behind vllm-router (``consistent_hash`` on ``x-session-id``) and one real Redis. Every
-turn of a conversation reaches the replica that kept its previous turn's state, so every turn is cached to the
-prefix it shares with the previous request; a round_robin router over the same replicas shows what affinity buys."""
+"""E2E: turn and answer checkpoints hold across a fleet of hybrid replicas -- ``python -m qwen_vllm_ext.fleet --model
+qwen36-demo`` with 2 replicas behind vllm-router (``consistent_hash`` on ``x-session-id``) and one real Redis, the
+launcher's defaults (the prefix-stable ``qwen3.5-reuse`` template). Every turn of a conversation reaches the replica
+that kept its previous turn's state, so every turn is cached to the prefix it shares with the previous request and
+its generated answer; a round_robin router over the same replicas shows what affinity buys."""
 from __future__ import annotations
 
 import uuid
 
 import pytest
 
-from benchmarks.bench_kv_reuse import hybrid_conversation, run_hybrid_conversations
+from benchmarks.bench_kv_reuse import run_generated_conversations
 from qwen_vllm_ext.bench.server import FleetProcess, ServerStartError
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME
 from tests.redis_server import RedisServer
@@ -40,16 +41,15 @@ def _below_bound(runs) -> list[tuple[int, int]]:
 
 
 def test_affinity_keeps_every_turn_cached_to_the_shared_prefix(hybrid_fleet, tmp_path):
-    seeds = [int(uuid.uuid4().int % 10**6) + 5000 for _ in range(4)]
-    convos = [hybrid_conversation(s, TURNS) for s in seeds]
+    seed = int(uuid.uuid4().int % 10**6) + 5000  # fresh conversations: no earlier run's cache helps
     for thinking in (True, False):
-        runs = run_hybrid_conversations(hybrid_fleet.base_url, f"hf-{thinking}-{seeds[0]}", convos, thinking,
-                                        interleave=True)
+        runs = run_generated_conversations(hybrid_fleet.base_url, f"hf-{thinking}-{seed}", 2, TURNS, thinking,
+                                           seed0=seed)
         assert all(run[0]["cached_tokens"] < run[0]["prompt_tokens"] for run in runs)
         assert _below_bound(runs) == [], thinking
-        assert all(t["cached_tokens"] > 0 for run in runs for t in run[1:])
+        # the previous answer came back whole and was reused
+        assert all(t["shared"] == t["prev_seen"] and t["cached_tokens"] > 0 for run in runs for t in run[1:])
     # the same kind of conversations through a round_robin router: consecutive turns change replica
     with round_robin_router(hybrid_fleet.replica_urls, tmp_path / "rr-router.log") as rr_url:
-        rr_runs = run_hybrid_conversations(rr_url, f"rr-{seeds[0]}",
-                                           [hybrid_conversation(s + 17, TURNS) for s in seeds[:2]], True)
+        rr_runs = run_generated_conversations(rr_url, f"rr-{seed}", 2, TURNS, True, seed0=seed + 17)
     assert _below_bound(rr_runs), "round_robin kept every turn on a warm replica: the comparison shows nothing"

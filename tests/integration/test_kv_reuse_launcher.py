@@ -39,6 +39,21 @@ def test_demo_model_on_cpu_gets_the_reuse_template():
     assert args.chat_template == template_path() and args.kv_offloading_size is None
 
 
+def test_qwen35_family_gets_the_qwen35_reuse_template():
+    """Qwen3.5/3.6 (a hub id on a GPU profile, the hybrid demo on CPU): ``qwen3.5-reuse``, counted with its mirror;
+    off, the official template (and the engine keeps no answer states: ``answer_checkpoints_apply``)."""
+    q35 = template_path("qwen3.5-reuse")
+    for model, gpus in (("Qwen/Qwen3.6-35B-A3B", A100), ("qwen36-demo", [])):
+        args, *_ = serve.resolve(["--model", model], environ={}, gpus=gpus)
+        assert args.chat_template == q35 and args.default_chat_template_kwargs == {"preserve_thinking": True}
+        assert served_template(args) == "qwen3.5-reuse"
+    args, *_ = serve.resolve(["--model", "qwen36-demo", "--default-chat-template-kwargs",
+                              '{"preserve_thinking": false}'], environ={}, gpus=[])
+    assert served_template(args) == "qwen3.5"  # renders as the official template
+    args, *_ = serve.resolve(["--model", "qwen36-demo", "--qwen-kv-reuse-template", "false"], environ={}, gpus=[])
+    assert args.chat_template is None and served_template(args) is None
+
+
 def test_idle_sleep_flags_and_refusals():
     args, *_ = serve.resolve(["--model", "Qwen/Qwen3-8B", "--qwen-idle-sleep-s", "300", "--print-command"],
                              environ={}, gpus=A100)

@@ -176,11 +176,13 @@ def test_answer_position_is_a_decode_unit_inside_a_block_whose_hash_exists():
 
     assert _answer_position(*_decoding(80, 70, 81)) == 80     # decoding, on a unit, inside block 1
     assert _answer_position(*_decoding(81, 70, 82)) == 0      # not on a unit
-    assert _answer_position(*_decoding(64, 50, 65)) == 0      # a block boundary: vLLM's own block holds it
+    assert _answer_position(*_decoding(64, 50, 65)) == 64     # a block's end: the state is in block 0
+    assert _answer_position(*_decoding(64, 50, 65), block_ends=False) == 0  # attention: vLLM caches the full block
     assert _answer_position(*_decoding(48, 50, 49)) == 0      # still the prompt: vLLM's checkpoints
     assert _answer_position(*_decoding(80, 70, 79)) == 0      # async scheduling: the newest token not known yet
     assert _answer_position(*_decoding(80, 70, 81, null=(1,))) == 0
     assert _answer_position(*_decoding(144, 70, 145)) == 0    # no block there
+    assert _answer_position(*_decoding(128, 70, 129, null=(1,))) == 0  # the state would be in block 1
     manager, request = _decoding(80, 70, 81)
     manager._qwen_answer_unit = 0                            # off for this engine
     assert _answer_position(manager, request) == 0
