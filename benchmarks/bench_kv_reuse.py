@@ -419,12 +419,12 @@ def hybrid_words() -> dict[int, str]:
 
 
 def generated_conversation(client: httpx.Client, conv_id: str, seed: int, turns: int, thinking: bool,
-                           words: dict[int, str], template_kwargs: dict | None = None) -> list[dict]:
+                           words: dict[int, str]) -> list[dict]:
     """One conversation whose answers the model writes: greedy, single-token words only (``allowed_token_ids``),
     :data:`HYBRID_ANSWERS` tokens long (``ignore_eos``), fed back as a client gets it from vLLM's reasoning parser:
     ``content`` and ``reasoning_content`` (thinking on, the words never close the think block, so all of it is
-    reasoning; thinking off, all of it is content). User
-    turns as in :func:`hybrid_conversation`. Per turn: :func:`chat_turn`'s fields (without ids and text) plus
+    reasoning; thinking off, all of it is content). A 200-token system prompt, user turns of 60-150 tokens. Per
+    turn: :func:`chat_turn`'s fields (without ids, text and reasoning) plus
     ``shared`` (common prefix of the previous prompt + generated ids with this prompt) and ``bound`` (the most a
     cache can give: the shared part the engine computed -- not the last generated token, never fed back -- floored
     to the match unit)."""
@@ -432,7 +432,7 @@ def generated_conversation(client: httpx.Client, conv_id: str, seed: int, turns:
 
     pf = PromptFactory(seed=seed, template="qwen3.5", model="qwen3.6")
     messages = [{"role": "system", "content": pf.text(200)}]
-    kwargs = {"enable_thinking": thinking, **(template_kwargs or {})}
+    kwargs = {"enable_thinking": thinking}
     out, prev = [], []
     for t in range(turns):
         messages.append({"role": "user", "content": pf.text(60 + (37 * t + 11 * seed) % 91)})

@@ -42,7 +42,8 @@ __all__ = ["TEMPLATES", "REUSE_TEMPLATES", "count_chat", "render_chat", "normali
            "validate_messages", "message_text", "template_path"]
 
 TEMPLATES = ("qwen2.5", "qwen3", "qwen3.5")  # official templates (reference texts: qwen_vllm_ext.assets)
-REUSE_TEMPLATES = {"qwen3-reuse": "qwen3-reuse.jinja", "qwen3.5-reuse": "qwen3.5-reuse.jinja"}  # shipped by this package: name -> file in data/
+# shipped by this package: name -> file in data/
+REUSE_TEMPLATES = {"qwen3-reuse": "qwen3-reuse.jinja", "qwen3.5-reuse": "qwen3.5-reuse.jinja"}
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _TEXT_PART_TYPES = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
                     "thinking": "thinking"}  # part type -> key holding its text

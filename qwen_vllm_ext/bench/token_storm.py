@@ -123,8 +123,8 @@ def server_max_model_len(base_url: str, model: str, api_key: str | None) -> int 
     return None
 
 
-# Templates differ on earlier assistant turns (qwen3/qwen3.5 drop their think block, the reuse ones keep an empty one) and
-# on a missing system message (qwen2.5 injects its default one): one probe of each.
+# Templates differ on earlier assistant turns (qwen3/qwen3.5 drop their think block, the reuse ones keep an empty
+# one) and on a missing system message (qwen2.5 injects its default one): one probe of each.
 PROBES = ([{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
            {"role": "user", "content": "c"}], [{"role": "user", "content": "a"}])
 CANDIDATE_TEMPLATES = (("qwen3", "qwen3"), ("qwen3", "qwen3-reuse"), ("qwen3", "qwen2.5"), ("qwen3.6", "qwen3.5"),
