@@ -283,8 +283,6 @@ def main(argv=None) -> int:
         report_hybrid(results, run_args)
         return 0
     if args.model == HYBRID_MODEL:
-        if args.answers == "generated" and (args.interleave or args.kv_blocks):
-            ap.error("--answers generated runs the conversations one after the other (no --interleave, --kv-blocks)")
         args.modes = args.modes or ",".join(HYBRID_GENERATED_MODES if args.answers == "generated" else HYBRID_MODES)
         return run_hybrid(args)
     args.modes = args.modes or "reuse,stock,no-cache"
@@ -418,45 +416,56 @@ def hybrid_words() -> dict[int, str]:
     return words
 
 
-def generated_conversation(client: httpx.Client, conv_id: str, seed: int, turns: int, thinking: bool,
-                           words: dict[int, str]) -> list[dict]:
+class GeneratedConversation:
     """One conversation whose answers the model writes: greedy, single-token words only (``allowed_token_ids``),
     :data:`HYBRID_ANSWERS` tokens long (``ignore_eos``), fed back as a client gets it from vLLM's reasoning parser:
     ``content`` and ``reasoning_content`` (thinking on, the words never close the think block, so all of it is
-    reasoning; thinking off, all of it is content). A 200-token system prompt, user turns of 60-150 tokens. Per
-    turn: :func:`chat_turn`'s fields (without ids, text and reasoning) plus
-    ``shared`` (common prefix of the previous prompt + generated ids with this prompt) and ``bound`` (the most a
+    reasoning; thinking off, all of it is content). A 200-token system prompt, user turns of 60-150 tokens.
+    :meth:`turn` runs the next request and returns :func:`chat_turn`'s fields (without ids, text and reasoning)
+    plus ``shared`` (common prefix of the previous prompt + generated ids with this prompt), ``bound`` (the most a
     cache can give: the shared part the engine computed -- not the last generated token, never fed back -- floored
-    to the match unit)."""
-    from qwen_vllm_ext.bench.prompts import PromptFactory
+    to the match unit) and ``prev_seen`` (the previous prompt + generated ids)."""
 
-    pf = PromptFactory(seed=seed, template="qwen3.5", model="qwen3.6")
-    messages = [{"role": "system", "content": pf.text(200)}]
-    kwargs = {"enable_thinking": thinking}
-    out, prev = [], []
-    for t in range(turns):
-        messages.append({"role": "user", "content": pf.text(60 + (37 * t + 11 * seed) % 91)})
+    def __init__(self, conv_id: str, seed: int, thinking: bool, words: dict[int, str]):
+        from qwen_vllm_ext.bench.prompts import PromptFactory
+
+        self.conv_id, self.seed, self.thinking, self.words = conv_id, seed, thinking, words
+        self.pf = PromptFactory(seed=seed, template="qwen3.5", model="qwen3.6")
+        self.messages = [{"role": "system", "content": self.pf.text(200)}]
+        self.prev: list[int] = []
+        self.t = 0
+
+    def turn(self, client: httpx.Client) -> dict:
+        t, seed = self.t, self.seed
+        self.messages.append({"role": "user", "content": self.pf.text(60 + (37 * t + 11 * seed) % 91)})
         length = HYBRID_ANSWERS[(t + seed) % len(HYBRID_ANSWERS)]
-        body = {"model": HYBRID_MODEL, "messages": list(messages), "max_tokens": length, "ignore_eos": True,
-                "temperature": 0, "allowed_token_ids": list(words), "stream": True, "return_token_ids": True,
+        body = {"model": HYBRID_MODEL, "messages": list(self.messages), "max_tokens": length, "ignore_eos": True,
+                "temperature": 0, "allowed_token_ids": list(self.words), "stream": True, "return_token_ids": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                "chat_template_kwargs": kwargs}
-        turn = chat_turn(client, body, {"x-session-id": conv_id})
+                "chat_template_kwargs": {"enable_thinking": self.thinking}}
+        turn = chat_turn(client, body, {"x-session-id": self.conv_id})
         ids, gen = turn.pop("prompt_ids"), turn.pop("gen_ids")
         assert turn["prompt_tokens"] == len(ids) and len(gen) == length
-        shared = common_prefix(prev, ids)
-        computed = max(len(prev) - 1, 0)
+        shared = common_prefix(self.prev, ids)
+        computed = max(len(self.prev) - 1, 0)
         text, reasoning = turn.pop("text"), turn.pop("reasoning")
-        assert text + reasoning == "".join(words[i] for i in gen)
+        assert text + reasoning == "".join(self.words[i] for i in gen)
         turn.update(shared=shared, bound=min(shared, computed) // HYBRID_UNIT * HYBRID_UNIT,
-                    prev_seen=len(prev))
-        out.append(turn)
-        prev = ids + gen
+                    prev_seen=len(self.prev))
+        self.prev = ids + gen
         assistant = {"role": "assistant", "content": text}
         if reasoning:
             assistant["reasoning_content"] = reasoning
-        messages.append(assistant)
-    return out
+        self.messages.append(assistant)
+        self.t += 1
+        return turn
+
+
+def generated_conversation(client: httpx.Client, conv_id: str, seed: int, turns: int, thinking: bool,
+                           words: dict[int, str]) -> list[dict]:
+    """``turns`` turns of a :class:`GeneratedConversation`, one per request."""
+    conversation = GeneratedConversation(conv_id, seed, thinking, words)
+    return [conversation.turn(client) for _ in range(turns)]
 
 
 def hybrid_turn(client: httpx.Client, conv_id: str, messages: list[dict], thinking: bool, prev_ids: list[int]) -> dict:
@@ -525,13 +534,24 @@ def decode_ms_per_token(rows: list[dict]) -> float | None:
 
 
 def run_generated_conversations(base_url: str, prefix: str, conversations: int, turns: int,
-                                thinking: bool, seed0: int = 0) -> list[list[dict]]:
-    """``conversations`` of :func:`generated_conversation`, one after the other (seeds from ``seed0``, distinct per
-    thinking mode)."""
+                                thinking: bool, seed0: int = 0, interleave: bool = False) -> list[list[dict]]:
+    """``conversations`` :class:`GeneratedConversation` s (seeds from ``seed0``, distinct per thinking mode), one
+    after the other, or ``interleave``d as in :func:`run_hybrid_conversations`."""
+    import random
+
     words = hybrid_words()
+    convos = [GeneratedConversation(f"{prefix}-{m}", seed0 + m + (0 if thinking else 1000), thinking, words)
+              for m in range(conversations)]
+    if interleave:
+        rng = random.Random(conversations)
+        order = [c for _ in range(turns) for c in rng.sample(range(conversations), conversations)]
+    else:
+        order = [c for c in range(conversations) for _ in range(turns)]
+    runs: list[list[dict]] = [[] for _ in convos]
     with httpx.Client(base_url=base_url, timeout=600) as client:
-        return [generated_conversation(client, f"{prefix}-{m}", seed0 + m + (0 if thinking else 1000), turns,
-                                       thinking, words) for m in range(conversations)]
+        for c in order:
+            runs[c].append(convos[c].turn(client))
+    return runs
 
 
 def run_hybrid(args) -> int:
@@ -562,7 +582,7 @@ def run_hybrid(args) -> int:
                 key = f"thinking-{'on' if thinking else 'off'}"
                 if generated:
                     runs = run_generated_conversations(server.base_url, f"{mode}-{key}", args.conversations,
-                                                       args.turns, thinking)
+                                                       args.turns, thinking, interleave=args.interleave)
                 else:
                     runs = run_hybrid_conversations(server.base_url, f"{mode}-{key}", convos[thinking], thinking,
                                                     interleave=args.interleave)

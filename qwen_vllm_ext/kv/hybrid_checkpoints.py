@@ -180,11 +180,32 @@ def keep_answer_state(manager, request, finished: bool = False):
         key = pool.cache_partial_block(request=request, block=source, num_tokens=c,
                                        kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
         kept_block = source
+    kept = getattr(request, "_qwen_answer_states", None)
+    if kept is None:
+        kept = request._qwen_answer_states = {}
+    previous = kept.get(manager.kv_cache_group_id)
+    # the request's previous answer state is superseded: drop it from the cache when nobody holds it, and copy the
+    # new one into its block -- taking a fresh block every 16 tokens would evict the LRU cache's oldest entries
+    # (other conversations' prefixes) all through a long answer
+    reuse = None
+    if previous is not None:
+        block, old_key = previous
+        if block.ref_cnt == 0 and block.block_hash == old_key:
+            pool._maybe_evict_cached_block(block)
+            reuse = block
+    if finished:
+        key = pool.cache_partial_block(request=request, block=source, num_tokens=c,
+                                       kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
+        kept_block = source
     else:
-        # a fresh block is taken outside the step's allocation: never when it could leave a request short
-        if pool.get_num_free_blocks() <= max(2, pool.num_gpu_blocks // 32):
+        if reuse is not None:
+            pool.touch([reuse])  # out of the free queue, held (ref 1) like a fresh block
+            kept_block = reuse
+        elif pool.get_num_free_blocks() <= max(2, pool.num_gpu_blocks // 32):
+            # a fresh block is taken outside the step's allocation: never when it could leave a request short
             return None
-        kept_block = pool.get_new_blocks(1)[0]
+        else:
+            kept_block = pool.get_new_blocks(1)[0]
         key = pool.cache_partial_block(request=request, block=kept_block, num_tokens=c,
                                        kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
         if key is None:
@@ -196,14 +217,6 @@ def keep_answer_state(manager, request, finished: bool = False):
         source.ref_cnt += 1
     if key is None:
         return None
-    kept = getattr(request, "_qwen_answer_states", None)
-    if kept is None:
-        kept = request._qwen_answer_states = {}
-    previous = kept.get(manager.kv_cache_group_id)
-    if previous is not None:
-        block, old_key = previous
-        if block.ref_cnt == 0 and block.block_hash == old_key:
-            pool._maybe_evict_cached_block(block)
     kept[manager.kv_cache_group_id] = (kept_block, key)
     return key
 

@@ -190,8 +190,9 @@ def test_answer_position_is_a_decode_unit_inside_a_block_whose_hash_exists():
 
 def test_keep_answer_state_copies_into_a_new_block_and_keeps_only_the_newest():
     """With vLLM's real block pool: the running state is queued for a copy into a fresh block registered under
-    the prefix; the request's previous answer state leaves the cache once nobody holds it; a short pool keeps
-    nothing (a request is never left short); a finished request's running block is registered as it is."""
+    the prefix; the request's previous answer state leaves the cache once nobody holds it and its block takes the
+    next copy; a short pool keeps nothing new (a request is never left short); a finished request's running block
+    is registered as it is."""
     from types import SimpleNamespace
 
     from vllm.v1.core.block_pool import BlockPool
@@ -213,12 +214,18 @@ def test_keep_answer_state_copies_into_a_new_block_and_keeps_only_the_newest():
     assert first.ref_cnt == 0 and cached(key) is first  # kept, evictable
 
     request.num_computed_tokens = 96
-    newer = keep_answer_state(manager, request)
-    assert newer != key and first.block_hash is None  # the older state left the cache
-    assert cached(key) is None and cached(newer) is not None
-
     free_before = pool.get_num_free_blocks()
-    pool.get_new_blocks(free_before - 2)  # leave the pool short
+    newer = keep_answer_state(manager, request)
+    # the older state left the cache and its block takes the newer copy: no fresh block, so no LRU eviction of
+    # other conversations' entries all through a long answer
+    assert newer != key and cached(key) is None and cached(newer) is first and first.block_hash == newer
+    assert manager._pending_cow_copies[-1] == (running[1], first) and first.ref_cnt == 1
+    assert pool.get_num_free_blocks() == free_before - 1  # held until the copy has run
+    pool.free_blocks([running[1], first])
+    assert pool.get_num_free_blocks() == free_before and cached(newer) is first
+
+    pool.get_new_blocks(pool.get_num_free_blocks() - 2)  # leave the pool short
+    request._qwen_answer_states = {}  # (a request with no earlier answer state to reuse)
     request.num_computed_tokens = 112
     assert keep_answer_state(manager, request) is None and pool.get_num_free_blocks() == 2
 
