@@ -11,10 +11,10 @@ here it is enabled for every align-mode hybrid engine and the junction is set to
 
 **Answer checkpoints** (``kv_answer_checkpoints``, with the prefix-stable ``qwen3.5-reuse`` template, which renders
 the history exactly as generated): while a request decodes, each time its computed length reaches a multiple of
-the match unit the running state is copied into a fresh block keyed by that prefix — the copy
-runs on the worker before the step's forward overwrites the state, through vLLM's own copy-on-write queue — and
-the request's previous such state is dropped from the cache when nobody holds it, so one decode state per request
-is kept; the attention layers get a partial-block entry at the same length. The next turn then resumes at the end
+the match unit the running state is copied into a block keyed by that prefix — the copy runs on the worker
+before the step's forward overwrites the state, through vLLM's own copy-on-write queue — and the request's previous
+such state is dropped from the cache when nobody holds it, its block taking the copy (a fresh block per copy would
+evict other conversations' entries all through a long answer), so one decode state per request is kept; the attention layers get a partial-block entry at the same length. The next turn then resumes at the end
 of the previous answer (floored to the unit) instead of its prompt. A position is kept only when the hash of the
 tokens it covers exists: always with synchronous scheduling; with async scheduling a position whose newest token
 is still a placeholder is skipped. A finished request's last state (the steps never see it) is registered on its
@@ -166,9 +166,9 @@ def _answer_position(manager, request, block_ends: bool = True) -> int:
 
 
 def keep_answer_state(manager, request, finished: bool = False):
-    """Mamba manager: copy the running state at the answer checkpoint into a new block registered under that
-    prefix (vLLM's copy-on-write queue runs the copy before this step's forward), and drop the request's previous
-    answer state from the cache when nobody holds it. ``finished``: the request is being freed, its running block
+    """Mamba manager: copy the running state at the answer checkpoint into a block registered under that prefix
+    (vLLM's copy-on-write queue runs the copy before this step's forward): the request's previous answer block,
+    dropped from the cache when nobody holds it, else a new one. ``finished``: the request is being freed, its running block
     holds the state after its last forward and is registered as it is (no copy). Returns the new key (None:
     nothing kept)."""
     c = _answer_position(manager, request)
@@ -176,10 +176,6 @@ def keep_answer_state(manager, request, finished: bool = False):
         return None
     pool = manager.block_pool
     source = manager.req_to_blocks[request.request_id][(c - 1) // manager.block_size]
-    if finished:
-        key = pool.cache_partial_block(request=request, block=source, num_tokens=c,
-                                       kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
-        kept_block = source
     kept = getattr(request, "_qwen_answer_states", None)
     if kept is None:
         kept = request._qwen_answer_states = {}
