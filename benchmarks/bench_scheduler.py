@@ -144,8 +144,10 @@ def make_arrivals(kind: str, n: int, rate: float, seed: int) -> list[float]:
     return out
 
 
-def prompt_ids(req: dict, vocab_size: int = 151936) -> list[int]:
-    rng = random.Random(req["token_seed"])
+def prompt_ids(req: dict, vocab_size: int = 151936, salt: str = "") -> list[int]:
+    """The request's prompt: random ids from its token seed (and the job's salt: one engine replays a trace at
+    several loads, and a prompt seen before would hit the prefix cache)."""
+    rng = random.Random(f"{req['token_seed']}{salt}" if salt else req["token_seed"])
     return [rng.randrange(1000, min(vocab_size - 100, 150000)) for _ in range(req["prompt_len"])]
 
 
@@ -162,6 +164,7 @@ def _make_recording(base):
             # time is taken when schedule() returns; execute_s runs from there to update_from_output() (the model
             # step), update_s is update_from_output() itself (filled in when it runs).
             self._bench_comp: list[list[float]] = []
+            self._bench_preempted: list[list[float]] = []  # [time, requests preempted by the step]
             self._bench_path = os.environ.get("BENCH_SCHED_STATS", "")
             self._bench_dirty = False
 
@@ -174,6 +177,8 @@ def _make_recording(base):
             from qwen_vllm_ext.scheduling.vllm_scheduler import step_composition
 
             self._bench_comp.append([time.time(), dt_sched, *step_composition(self.requests, out)])
+            if out.preempted_req_ids:
+                self._bench_preempted.append([time.time(), len(out.preempted_req_ids)])
             weights = []
             for rid, n_sched in out.num_scheduled_tokens.items():
                 if rid in self._bench_seen:
@@ -204,7 +209,8 @@ def _make_recording(base):
             return result
 
         def _bench_dump(self):
-            data = {"steps": self._bench_steps, "comp": self._bench_comp, "class": type(self).__mro__[1].__name__}
+            data = {"steps": self._bench_steps, "comp": self._bench_comp, "preempted": self._bench_preempted,
+                    "class": type(self).__mro__[1].__name__}
             stats = getattr(self, "qwen_stats", None)
             if stats is not None:
                 data["qwen_stats"] = stats.snapshot()
@@ -244,16 +250,17 @@ def __getattr__(name: str):  # PEP 562: vLLM resolves "bench_scheduler.BenchFCFS
 # ---------------------------------------------------------------------------------------------------------
 # Worker: one engine, several traces replayed by timestamp
 # ---------------------------------------------------------------------------------------------------------
-async def _replay(engine, reqs: list[dict], arrivals: list[float], tag: str, vocab_size: int) -> dict:
+async def _replay(engine, reqs: list[dict], arrivals: list[float], tag: str, vocab_size: int,
+                  t0: float | None = None, salt: str = "") -> dict:
     import asyncio
 
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    prompts = [prompt_ids(r, vocab_size) for r in reqs]
+    prompts = [prompt_ids(r, vocab_size, salt) for r in reqs]
     results: list[dict] = [None] * len(reqs)  # type: ignore[list-item]
-    t0 = time.time() + 0.5
+    t0 = time.time() + 0.5 if t0 is None else t0
 
     async def one(k: int) -> None:
         r = reqs[k]
@@ -305,6 +312,26 @@ async def _probe(engine, vocab_size: int) -> dict:
     return {"prefill_2000_s": p, "decode_step_s": d, "prefill_over_decode_step": p / d}
 
 
+SIDE_CLASSES = {"fcfs": "BenchFCFSScheduler", "tw": "BenchTokenWeightedScheduler", "default": None}
+"""A side's scheduler: ``fcfs`` forces vLLM's ``Scheduler`` (through the recording subclass), ``tw`` the
+token-weighted one, ``default`` passes no ``scheduler_cls`` (vLLM's own choice on this build; no per-step
+records)."""
+
+
+def _barrier(path: str, side: int, k: int, timeout_s: float = 900.0) -> float:
+    """Wait for the other side of a concurrent pair to reach job ``k``; both return the same start time (the later
+    of the two marker files' mtimes + 1 s)."""
+    mine, other = os.path.join(path, f"ready-{k}-{side}"), os.path.join(path, f"ready-{k}-{1 - side}")
+    with open(mine, "w"):
+        pass
+    deadline = time.time() + timeout_s
+    while not os.path.exists(other):
+        if time.time() > deadline:
+            raise SystemExit(f"barrier {k}: the other side never arrived ({other})")
+        time.sleep(0.02)
+    return max(os.stat(mine).st_mtime, os.stat(other).st_mtime) + 1.0
+
+
 def worker(spec_path: str, out_path: str) -> None:
     import asyncio
 
@@ -316,10 +343,11 @@ def worker(spec_path: str, out_path: str) -> None:
     from qwen_vllm_ext.demo import CONFIG, VARIANTS, ensure_demo_model
 
     vocab = {**CONFIG, **VARIANTS[spec["model"]]}["vocab_size"]
-    cls = "BenchTokenWeightedScheduler" if spec["policy"] == "tw" else "BenchFCFSScheduler"
+    cls = SIDE_CLASSES[spec["policy"]]
     t_start = time.time()
-    args = AsyncEngineArgs(model=str(ensure_demo_model(variant=spec["model"])), scheduler_cls=f"{MODULE}.{cls}",
-                           disable_log_stats=True, **ENGINE_KW)
+    extra = {"scheduler_cls": f"{MODULE}.{cls}"} if cls else {}
+    args = AsyncEngineArgs(model=str(ensure_demo_model(variant=spec["model"])), disable_log_stats=True, **extra,
+                           **ENGINE_KW)
     engine = AsyncLLM.from_engine_args(args)
     t_ready = time.time()
     stats_path = os.environ["BENCH_SCHED_STATS"]
@@ -332,13 +360,15 @@ def worker(spec_path: str, out_path: str) -> None:
         await _replay(engine, warm, [0.0, 0.05, 0.1], "warm", vocab)
         probe = await _probe(engine, vocab) if spec.get("probe") else None
         runs = []
-        for job in spec["jobs"]:
+        for k, job in enumerate(spec["jobs"]):
             await asyncio.sleep(0.5)
-            r = await _replay(engine, job["requests"], job["arrivals"], job["name"], vocab)
+            t0 = _barrier(spec["barrier"], spec["side"], k) if spec.get("barrier") else None
+            r = await _replay(engine, job["requests"], job["arrivals"], job["name"], vocab, t0=t0,
+                              salt=job.get("salt", ""))
             # The engine core dumps its per-step records once it has no unfinished request.
             deadline = time.time() + 5.0
             steps_data = {}
-            while time.time() < deadline:
+            while cls and time.time() < deadline:
                 try:
                     with open(stats_path) as f:
                         steps_data = json.load(f)
@@ -350,6 +380,7 @@ def worker(spec_path: str, out_path: str) -> None:
             steps = [s for s in steps_data.get("steps", []) if r["t0"] <= s[0] <= r["t_end"] + 0.5]
             r["steps"] = steps
             r["comp"] = [c for c in steps_data.get("comp", []) if r["t0"] <= c[0] <= r["t_end"] + 0.5]
+            r["preempted"] = sum(p[1] for p in steps_data.get("preempted", []) if r["t0"] <= p[0] <= r["t_end"] + 0.5)
             r["qwen_stats"] = steps_data.get("qwen_stats")
             r["qwen_policy"] = steps_data.get("qwen_policy")
             r["name"] = job["name"]
@@ -376,14 +407,17 @@ def quantile(values: list[float], q: float) -> float:
     return float(s[min(rank, len(s)) - 1])
 
 
-def run_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_name: str, model: str,
-               probe: bool = False) -> dict:
-    """One worker process: a fresh engine with ``policy``'s scheduler replaying ``jobs`` in order."""
+def start_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_name: str, model: str,
+                 probe: bool = False, cpu: int | None = None, barrier: str | None = None, side: int = 0) -> dict:
+    """Start one worker process: a fresh engine with ``policy``'s scheduler (``SIDE_CLASSES``) replaying ``jobs``
+    in order. ``cpu``: pin the whole worker (frontend, load generator and engine core, one OpenMP thread) to that
+    core; -1: one OpenMP thread, not pinned. ``barrier``: a directory shared with the other side of a concurrent pair (every job starts on both at
+    once)."""
     os.makedirs(os.path.join(RESULTS, "bench_scheduler_logs"), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="bench-sched-")
     spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
     with open(spec_path, "w") as f:
-        json.dump({"policy": policy, "jobs": jobs, "model": model, "probe": probe}, f)
+        json.dump({"policy": policy, "jobs": jobs, "model": model, "probe": probe, "barrier": barrier, "side": side}, f)
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     env["PYTHONPATH"] = HERE + os.pathsep + ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -395,20 +429,51 @@ def run_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_nam
         if k.startswith("QWEN_VLLM_EXT_SCHED_"):
             del env[k]
     env.update(sched_env)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", spec_path, out_path]
+    if cpu is not None and cpu >= 0:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
+        cmd = ["taskset", "-c", str(cpu)] + cmd
+    elif cpu is not None:  # -1: one OpenMP thread, unpinned (the two sides share both cores)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        env["OMP_NUM_THREADS"] = "1"
     log_path = os.path.join(RESULTS, "bench_scheduler_logs", f"{log_name}.log")
-    t = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_path, out_path],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    if proc.returncode != 0 or not os.path.exists(out_path):
-        with open(log_path) as f:
-            tail = f.read()[-3000:]
-        raise SystemExit(f"worker {log_name} failed (rc={proc.returncode}); log {log_path}:\n{tail}")
-    with open(out_path) as f:
-        out = json.load(f)
-    out["wall_s"] = time.time() - t
-    print(f"  [{log_name}] {out['wall_s']:.0f}s (engine start {out['startup_s']:.0f}s)", flush=True)
-    return out
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    return {"proc": proc, "log": log, "log_path": log_path, "out_path": out_path, "t": time.time(), "name": log_name}
+
+
+def finish_workers(handles: list[dict]) -> list[dict]:
+    """Wait for workers started together; a failing one stops the others (a concurrent pair would wait at its
+    barrier)."""
+    pending = list(handles)
+    while pending:
+        for h in list(pending):
+            rc = h["proc"].poll()
+            if rc is None:
+                continue
+            pending.remove(h)
+            h["log"].close()
+            if rc != 0 or not os.path.exists(h["out_path"]):
+                for other in pending:
+                    other["proc"].kill()
+                with open(h["log_path"]) as f:
+                    tail = f.read()[-3000:]
+                raise SystemExit(f"worker {h['name']} failed (rc={rc}); log {h['log_path']}:\n{tail}")
+        time.sleep(0.2)
+    outs = []
+    for h in handles:
+        with open(h["out_path"]) as f:
+            out = json.load(f)
+        out["wall_s"] = time.time() - h["t"]
+        print(f"  [{h['name']}] {out['wall_s']:.0f}s (engine start {out['startup_s']:.0f}s)", flush=True)
+        outs.append(out)
+    return outs
+
+
+def run_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_name: str, model: str,
+               probe: bool = False) -> dict:
+    """One worker process, waited for."""
+    return finish_workers([start_worker(policy, jobs, sched_env, log_name, model, probe)])[0]
 
 
 def summarize(run: dict, slo: float) -> dict:
@@ -442,18 +507,27 @@ def summarize(run: dict, slo: float) -> dict:
         "client_lag_p99_s": quantile([r["sent_lag"] for r in reqs], 0.99),
         "schedule_ms_per_step": (1000 * sum(c[1] for c in comp) / len(comp)) if comp else None,
         "engine_steps": len(comp),
+        "tokens_per_step": (sum(c[3] for c in comp) / len(comp)) if comp else None,
+        "preempted": run.get("preempted"),
+        # Engine-core time outside schedule(), the model step and update_from_output(): from the end of one step's
+        # update to the start of the next schedule() (input processing, waiting for requests when idle).
+        "between_steps_s": sum(max(0.0, (b[0] - b[1]) - (a[0] + a[7] + a[8]))
+                               for a, b in zip(comp, comp[1:]) if len(a) >= 9 and b[0] - a[0] < 5.0) if comp else None,
     }
 
 
 def pooled(runs: list[dict]) -> dict:
     """Pool several traces' runs: requests concatenated; throughput = total tokens / total span."""
-    reqs, span, steps, comp = [], 0.0, [], []
+    reqs, span, steps, comp, preempted = [], 0.0, [], [], None
     for r in runs:
         reqs += r["requests"]
         span += r["t_end"] - r["t_first_arrival"]
         steps += r.get("steps") or []
         comp += r.get("comp") or []
-    return {"requests": reqs, "t_first_arrival": 0.0, "t_end": span, "steps": steps, "comp": comp}
+        if r.get("preempted") is not None:
+            preempted = (preempted or 0) + r["preempted"]
+    return {"requests": reqs, "t_first_arrival": 0.0, "t_end": span, "steps": steps, "comp": comp,
+            "preempted": preempted}
 
 
 def fmt(x, nd=2):
@@ -462,203 +536,315 @@ def fmt(x, nd=2):
     return f"{x:.{nd}f}"
 
 
+# (metric, label, comparison, limit on the interval, limit on the point) — issue #35's never-worse test: a cell
+# passes when the 95% interval of side 1 / side 0 stays below 1.03 (mean TTFT) and 1.08 (p99 TTFT) and above 0.97
+# (output throughput); the points are held to the targets themselves (<= 1.0, <= 1.05, >= 0.98).
+TARGETS = (("ttft_mean_s", "mean", "<=", 1.03, 1.0), ("ttft_p99_s", "p99", "<=", 1.08, 1.05),
+           ("output_tok_s", "tput", ">=", 0.97, 0.98))
+REPORTED = (("ttft_p50_s", "p50"), ("long_decile_p99_ttft_s", "long p99"), ("goodput_req_s", "goodput"))
+# Two-sided 95% Student t quantiles by degrees of freedom (1-30); beyond, the normal's 1.96.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def ratio_interval(ratios: list[float]) -> dict:
+    """Point and 95% interval of a ratio from paired observations: the t interval of the mean log ratio,
+    exponentiated (the geometric mean; symmetric in which side is the numerator)."""
+    logs = [math.log(r) for r in ratios if r > 0 and math.isfinite(r)]
+    k = len(logs)
+    if k == 0:
+        return {"point": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0, "ratios": ratios}
+    m = sum(logs) / k
+    if k < 2:
+        return {"point": math.exp(m), "lo": float("nan"), "hi": float("nan"), "n": k, "ratios": ratios}
+    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (k - 1))
+    h = (T975[k - 2] if k - 1 <= len(T975) else 1.96) * sd / math.sqrt(k)
+    return {"point": math.exp(m), "lo": math.exp(m - h), "hi": math.exp(m + h), "n": k, "sd_log": sd,
+            "half_width": (math.exp(h) - 1.0), "ratios": ratios}
+
+
+def judge(metrics: dict) -> dict:
+    """The never-worse test of one cell: every target's interval inside its limit (``pass``), and every point
+    inside the target (``pass_point``)."""
+    ok_int, ok_pt = True, True
+    for key, _label, op, lim_int, lim_pt in TARGETS:
+        iv = metrics[key]
+        edge = iv["hi"] if op == "<=" else iv["lo"]
+        good = (edge <= lim_int) if op == "<=" else (edge >= lim_int)
+        ok_int = ok_int and bool(good)  # a NaN edge (one observation) fails
+        ok_pt = ok_pt and ((iv["point"] <= lim_pt) if op == "<=" else (iv["point"] >= lim_pt))
+    return {"pass": ok_int, "pass_point": bool(ok_pt)}
+
+
+def analyse(obs: list[dict], loads: list[float], traces: list[str], slo: float) -> dict:
+    """Per load and scope (each trace, and ``all``: a repeat-and-seed's traces pooled), the paired ratios side 1 /
+    side 0 of every metric with their intervals, the sides' mean figures, and the verdict."""
+    cells: dict = {}
+    for load in loads:
+        for scope in traces + ["all"]:
+            groups: dict = {}
+            for o in obs:
+                if o["load"] != load or (scope != "all" and o["trace"] != scope):
+                    continue
+                groups.setdefault((o["rep"], o["seed"], o["trace"] if scope != "all" else ""), []).append(o)
+            pairs = []
+            for key in sorted(groups):
+                g = groups[key]
+                sides = [summarize(pooled([o["runs"][i] for o in g]) if scope == "all" else g[0]["runs"][i], slo)
+                         for i in (0, 1)]
+                pairs.append(sides)
+            metrics = {}
+            for key in [t[0] for t in TARGETS] + [r[0] for r in REPORTED]:
+                metrics[key] = ratio_interval([b[key] / a[key] if a[key] else float("nan") for a, b in pairs])
+            side_means = []
+            for i in (0, 1):
+                vals: dict = {}
+                for p in pairs:
+                    for k, v in p[i].items():
+                        if isinstance(v, (int, float)) and v is not None:
+                            vals.setdefault(k, []).append(v)
+                side_means.append({k: sum(v) / len(v) for k, v in vals.items()})
+            cells.setdefault(str(load), {})[scope] = {"metrics": metrics, "sides": side_means, **judge(metrics),
+                                                     "observations": len(pairs)}
+    return cells
+
+
+def fmt_iv(iv: dict) -> str:
+    return f"{fmt(iv['point'])} [{fmt(iv['lo'])}, {fmt(iv['hi'])}]"
+
+
+def report(cells: dict, loads: list[float], traces: list[str], sides: list[str], prediction: dict | None) -> str:
+    lines = [f"ratios {sides[1]} / {sides[0]}: point [95% interval] over paired observations; pass = interval inside "
+             "mean <= 1.03, p99 <= 1.08, tput >= 0.97 (points: <= 1.0, <= 1.05, >= 0.98)"]
+    for load in loads:
+        for scope in traces + ["all"]:
+            c = cells[str(load)][scope]
+            m = c["metrics"]
+            a, b = c["sides"]
+            sim = ""
+            if prediction and scope == "all":
+                p = prediction["cells"].get(str(load), {})
+                sim = "  sim " + " ".join(f"{lab} {fmt(p.get(k))}" for k, lab, *_ in TARGETS)
+            lines.append(f"{load:>4}x {scope:>8} n={c['observations']:<2} "
+                         + "  ".join(f"{lab} {fmt_iv(m[k])}" for k, lab, *_ in TARGETS)
+                         + f"  {'PASS' if c['pass'] else 'FAIL'}{' (points pass)' if c['pass_point'] and not c['pass'] else ''}"
+                         + sim)
+            lines.append(f"{'':>14}" + "  ".join(f"{lab} {fmt_iv(m[k])}" for k, lab in REPORTED)
+                         + f"  | mean TTFT {fmt(a['ttft_mean_s'])}/{fmt(b['ttft_mean_s'])} s, tok/s "
+                         f"{fmt(a['output_tok_s'], 0)}/{fmt(b['output_tok_s'], 0)}, sched ms/step "
+                         f"{fmt(a.get('schedule_ms_per_step'))}/{fmt(b.get('schedule_ms_per_step'))}, steps "
+                         f"{fmt(a.get('engine_steps'), 0)}/{fmt(b.get('engine_steps'), 0)}, preempted "
+                         f"{fmt(a.get('preempted'), 1)}/{fmt(b.get('preempted'), 1)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def measure_capacity(args, traces: list[str], n_cap: int) -> tuple[dict, dict | None]:
+    """Saturation throughput (FCFS, every request at t=0), shared by both sides: with concurrent or shared pairs,
+    measured by two engines at once (placed as in the replays) and averaged."""
+    jobs = []
+    for kind in traces:
+        mix = make_mix(kind, n_cap, args.seed_base + 1000)
+        jobs.append({"name": f"cap-{kind}", "requests": mix, "arrivals": [0.0] * len(mix)})
+    if args.pairing in ("concurrent", "shared"):
+        barrier = tempfile.mkdtemp(prefix="bench-sched-barrier-")
+        outs = finish_workers([start_worker("fcfs", jobs, {}, f"capacity-cpu{i}", args.model, probe=True,
+                                            cpu=i if args.pairing == "concurrent" else -1, barrier=barrier, side=i)
+                               for i in (0, 1)])
+    else:
+        outs = [run_worker("fcfs", jobs, {}, "capacity", args.model, probe=True)]
+    capacity = {}
+    for t, kind in enumerate(traces):
+        per = []
+        for out in outs:
+            run = out["runs"][t]
+            span = run["t_end"] - run["t0"]
+            per.append({"req_s": len(run["requests"]) / span,
+                        "output_tok_s": sum(r["out_tokens"] for r in run["requests"]) / span})
+        capacity[kind] = {"req_s": sum(p["req_s"] for p in per) / len(per),
+                          "output_tok_s": sum(p["output_tok_s"] for p in per) / len(per), "per_side": per}
+        print(f"  capacity {kind}: {capacity[kind]['req_s']:.2f} req/s ("
+              + " / ".join(f"{p['req_s']:.2f}" for p in per) + ")", flush=True)
+    probe = outs[0]["probe"]
+    print(f"  cost shape: a 2,000-token prefill alone {probe['prefill_2000_s'] * 1000:.0f} ms, a decode step of "
+          f"{ENGINE_KW['max_num_seqs']} requests {probe['decode_step_s'] * 1000:.1f} ms "
+          f"(ratio {probe['prefill_over_decode_step']:.1f})", flush=True)
+    return capacity, probe
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
-    ap.add_argument("--quick", action="store_true", help="short smoke run (fewer requests, one load level)")
-    ap.add_argument("--requests", type=int, default=None, help="requests per trace (default 300, quick 80)")
+    ap.add_argument("--quick", action="store_true", help="smoke run (60 requests, one load, one seed, one repeat)")
+    ap.add_argument("--sides", default="fcfs,tw",
+                    help="the pair, side 0 (the reference) then side 1: fcfs (vLLM's Scheduler, forced), tw (the "
+                         "token-weighted scheduler), default (no --scheduler-cls). fcfs,fcfs is the A/A run "
+                         "(default fcfs,tw)")
+    ap.add_argument("--pairing", choices=("concurrent", "shared", "sequential"), default="concurrent",
+                    help="concurrent (default): both sides replay every trace at the same time, each engine pinned to "
+                         "its own core, the cores swapped every repeat, so a change in the machine's speed hits both "
+                         "alike; shared: at the same time, one OpenMP thread each, neither pinned (both share both "
+                         "cores); sequential: one side after the other on both cores, the order alternating by repeat")
+    ap.add_argument("--requests", type=int, default=None, help="requests per trace (default 300, quick 60)")
     ap.add_argument("--cap-requests", type=int, default=None, help="requests per capacity run (default 120)")
-    ap.add_argument("--loads", default=None, help="load levels, x capacity (default 1.2,1.7; quick 1.7)")
+    ap.add_argument("--loads", default=None, help="load levels, x capacity (default 0.8,1.2,1.7; quick 1.2)")
     ap.add_argument("--traces", default="longtail,burst")
-    ap.add_argument("--repeats", type=int, default=1, help="repeat the replay phase (results averaged)")
+    ap.add_argument("--seeds", default=None, help="trace seeds replayed per repeat (default 0,1,2; quick 0)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="worker pairs, one after the other (concurrent: cores swapped between them; default 2, "
+                         "quick 1)")
     ap.add_argument("--slo", type=float, default=2.0, help="TTFT SLO for goodput, seconds (default 2.0)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed-base", type=int, default=0, help="offset of the capacity mix's seed")
     ap.add_argument("--capacity", default=None,
                     help="skip the capacity phase: req/s per trace, e.g. longtail=5.1,burst=6.0")
     ap.add_argument("--sched", action="append", default=[],
                     help="QWEN_VLLM_EXT_SCHED_*=VALUE for the token-weighted engine (repeatable)")
     ap.add_argument("--model", default="prefill-bench", choices=("prefill-bench", "demo"),
                     help="generated model variant (qwen_vllm_ext.demo.VARIANTS): prefill-bench (default; a long "
-                         "prefill costs ~25-30 full decode steps, as for a mid-size model on a GPU) or demo (the "
-                         "tiny demo model: a 2,000-token prefill costs less than one decode step)")
-    ap.add_argument("--out", default=None, help="JSON path")
+                         "prefill costs tens of full decode steps, as for a mid-size model on a GPU) or demo (the "
+                         "tiny demo model: decode-slot-bound)")
+    ap.add_argument("--no-predict", action="store_true",
+                    help="skip the simulator's prediction of the same traces (fcfs,tw runs only)")
+    ap.add_argument("--out", default=None,
+                    help="summary JSON: intervals, verdicts, prediction (default benchmarks/results/bench_scheduler"
+                         "[_quick].json)")
+    ap.add_argument("--raw", default=None,
+                    help="full JSON with every request and engine step, for sim_scheduler.py --fit (default: --out "
+                         "with .raw.json under benchmarks/results/)")
     args = ap.parse_args()
     if args.worker:
         worker(*args.worker)
         return 0
 
     t_run = time.time()
-    n = args.requests or (80 if args.quick else 300)
+    n = args.requests or (60 if args.quick else 300)
     n_cap = args.cap_requests or (60 if args.quick else 120)
-    loads = [float(x) for x in (args.loads or ("1.7" if args.quick else "1.2,1.7")).split(",")]
+    loads = [float(x) for x in (args.loads or ("1.2" if args.quick else "0.8,1.2,1.7")).split(",")]
+    seeds = [int(x) for x in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    repeats = args.repeats or (1 if args.quick else 2)
     traces = [t for t in args.traces.split(",") if t]
+    sides = args.sides.split(",")
+    if len(sides) != 2 or any(x not in SIDE_CLASSES for x in sides):
+        raise SystemExit(f"--sides {args.sides!r}: two of {', '.join(SIDE_CLASSES)}")
     sched_env = dict(kv.split("=", 1) for kv in args.sched)
     out_path = args.out or os.path.join(RESULTS, "bench_scheduler_quick.json" if args.quick else "bench_scheduler.json")
+    raw_path = args.raw or os.path.join(RESULTS, os.path.basename(out_path)[:-5] + ".raw.json")
     os.makedirs(RESULTS, exist_ok=True)
-    print(f"bench_scheduler: {n} requests/trace, traces {traces}, loads {loads}, repeats {args.repeats}, "
-          f"SLO {args.slo}s, token-weighted settings {sched_env or 'defaults'}", flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    tag = "-".join(sides)
+    print(f"bench_scheduler: {args.model}, sides {sides} ({args.pairing}), {n} requests/trace, traces {traces}, "
+          f"loads {loads}, seeds {seeds}, repeats {repeats}, token-weighted settings {sched_env or 'defaults'}",
+          flush=True)
 
-    # 1. Capacity (FCFS, all requests at t=0).
+    # 1. Capacity (FCFS, all requests at t=0): measured once, shared by both sides.
     probe = None
     if args.capacity:
         capacity = {k: {"req_s": float(v)} for k, v in (kv.split("=") for kv in args.capacity.split(","))}
     else:
         print("capacity phase (FCFS, saturation)...", flush=True)
-        jobs = []
-        for kind in traces:
-            mix = make_mix(kind, n_cap, args.seed + 1000)
-            jobs.append({"name": f"cap-{kind}", "requests": mix, "arrivals": [0.0] * len(mix)})
-        cap_out = run_worker("fcfs", jobs, {}, "capacity", args.model, probe=True)
-        probe = cap_out["probe"]
-        print(f"  cost shape: a 2,000-token prefill alone {probe['prefill_2000_s'] * 1000:.0f} ms, a decode step of "
-              f"{ENGINE_KW['max_num_seqs']} requests {probe['decode_step_s'] * 1000:.1f} ms "
-              f"(ratio {probe['prefill_over_decode_step']:.1f})", flush=True)
-        capacity = {}
-        for kind, run in zip(traces, cap_out["runs"]):
-            span = run["t_end"] - run["t0"]
-            reqs = run["requests"]
-            capacity[kind] = {"req_s": len(reqs) / span, "output_tok_s": sum(r["out_tokens"] for r in reqs) / span,
-                              "prompt_tok_s": sum(r["prompt_len"] for r in reqs) / span, "span_s": span}
-            print(f"  capacity {kind}: {capacity[kind]['req_s']:.2f} req/s, "
-                  f"{capacity[kind]['output_tok_s']:.0f} output tok/s", flush=True)
+        capacity, probe = measure_capacity(args, traces, n_cap)
 
-    # 2. Replays: a fresh engine per trace and policy; each trace is replayed by both policies back to back (which
-    # goes first alternates by trace, load and repeat), so a drift in the machine's speed hits both alike.
-    raw: dict = {}  # (load, policy) -> list over repeats of {trace: run}
-    for rep in range(args.repeats):
-        for li, load in enumerate(loads):
-            for ti, kind in enumerate(traces):
-                rate = load * capacity[kind]["req_s"]
-                job = {"name": f"{kind}-x{load}", "requests": make_mix(kind, n, args.seed),
-                       "arrivals": make_arrivals(kind, n, rate, args.seed)}
-                for policy in (POLICIES if (ti + li + rep) % 2 == 0 else POLICIES[::-1]):
-                    print(f"replay {kind} at {load}x, {POLICY_NAMES[policy]} (repeat {rep + 1})...", flush=True)
-                    out = run_worker(policy, [job], sched_env if policy == "tw" else {},
-                                     f"replay-{kind}-x{load}-{policy}-r{rep + 1}", args.model)
-                    raw.setdefault((load, policy), [{} for _ in range(args.repeats)])[rep][kind] = out["runs"][0]
+    # 2. Replays: per repeat, one worker per side replays every (load, seed, trace) job in the same order.
+    obs: list[dict] = []
+    for rep in range(repeats):
+        jobs, keys = [], []
+        for load in loads:
+            for seed in seeds:
+                for kind in traces:
+                    rate = load * capacity[kind]["req_s"]
+                    jobs.append({"name": f"{kind}-x{load}-s{seed}", "requests": make_mix(kind, n, seed),
+                                 "arrivals": make_arrivals(kind, n, rate, seed), "salt": f"-x{load}"})
+                    keys.append((load, seed, kind))
+        env = [sched_env if s == "tw" else {} for s in sides]
+        print(f"repeat {rep + 1}/{repeats}: {len(jobs)} jobs per side...", flush=True)
+        if args.pairing in ("concurrent", "shared"):
+            cpus = ((0, 1) if rep % 2 == 0 else (1, 0)) if args.pairing == "concurrent" else (-1, -1)
+            barrier = tempfile.mkdtemp(prefix="bench-sched-barrier-")
+            outs = finish_workers([start_worker(sides[i], jobs, env[i], f"{tag}-r{rep + 1}-side{i}-{sides[i]}-cpu{cpus[i]}",
+                                                args.model, cpu=cpus[i], barrier=barrier, side=i) for i in (0, 1)])
+        else:
+            cpus = (None, None)
+            outs = [None, None]
+            for i in ((0, 1) if rep % 2 == 0 else (1, 0)):
+                outs[i] = run_worker(sides[i], jobs, env[i], f"{tag}-r{rep + 1}-side{i}-{sides[i]}", args.model)
+        for j, (load, seed, kind) in enumerate(keys):
+            obs.append({"rep": rep, "load": load, "seed": seed, "trace": kind, "cpus": list(cpus),
+                        "runs": [outs[0]["runs"][j], outs[1]["runs"][j]]})
 
-    # 3. Metrics.
-    summary: dict = {}
-    for (load, policy), reps in raw.items():
-        for scope in traces + ["all"]:
-            per_rep = []
-            for runs in reps:
-                run = pooled([runs[t] for t in traces]) if scope == "all" else runs[scope]
-                s = summarize(run, args.slo)
-                if scope == "all":
-                    qs = [runs[t].get("qwen_stats") for t in traces]
-                    s["qwen_stats_weight_std_mean"] = qs[-1]["admitted_weight_std_mean"] if qs[-1] else None
-                per_rep.append(s)
-            agg = {}
-            for k in per_rep[0]:
-                vals = [p[k] for p in per_rep if p[k] is not None]
-                agg[k] = (sum(vals) / len(vals)) if vals else None
-                if len(per_rep) > 1 and vals:
-                    agg[k + "_spread"] = [min(vals), max(vals)]
-            agg["repeats"] = per_rep
-            summary.setdefault(str(load), {}).setdefault(scope, {})[policy] = agg
+    # 3. Paired ratios with intervals, the simulator's prediction for the same traces, the verdict.
+    cells = analyse(obs, loads, traces, args.slo)
+    raw = {"paired": True, "model": args.model, "sides": sides, "loads": loads, "seeds": seeds, "traces": traces,
+           "requests_per_trace": n, "capacity": capacity, "token_weighted_settings": sched_env,
+           "engine": ENGINE_KW, "observations": obs,
+           # sim_scheduler.py --fit reads the per-step records here (one list per replay).
+           "per_step": {f"x{o['load']}-{sides[i]}": [] for o in obs for i in (0, 1)}}
+    for o in obs:
+        for i in (0, 1):
+            raw["per_step"][f"x{o['load']}-{sides[i]}"].append({o["trace"]: {"t0": o["runs"][i]["t0"],
+                                                                              "comp": o["runs"][i].get("comp", [])}})
+    prediction = None
+    if sorted(sides) == ["fcfs", "tw"] and not args.no_predict:
+        import sim_scheduler  # the simulator, on the same traces at the same rates
 
-    targets = [("ttft_mean_s", "mean TTFT", "<=", 0.5), ("long_decile_p99_ttft_s", "long-decile p99 TTFT", "<=", 1.2),
-               ("output_tok_s", "output tok/s", ">=", 1.0)]
-    verdicts: dict = {}
-    lines = []
-    hdr = (f"{'load':>5} {'trace':>8} {'policy':>6} {'TTFT mean':>9} {'p50':>6} {'p99':>6} {'long p99':>8} "
-           f"{'out tok/s':>9} {'goodput':>7} {'SLO%':>5} {'wstd':>6} {'adm/step':>8} {'sched ms':>8}")
-    lines.append(hdr)
-    lines.append("-" * len(hdr))
-    for load in loads:
-        for scope in traces + ["all"]:
-            rows = summary[str(load)][scope]
-            for policy in POLICIES:
-                s = rows[policy]
-                lines.append(f"{load:>5} {scope:>8} {('FCFS' if policy == 'fcfs' else 'TW'):>6} "
-                             f"{fmt(s['ttft_mean_s']):>9} {fmt(s['ttft_p50_s']):>6} {fmt(s['ttft_p99_s']):>6} "
-                             f"{fmt(s['long_decile_p99_ttft_s']):>8} {fmt(s['output_tok_s'], 1):>9} "
-                             f"{fmt(s['goodput_req_s']):>7} {fmt(100 * s['slo_attainment'], 0):>5} "
-                             f"{fmt(s['admitted_weight_std_mean'], 0):>6} {fmt(s['mean_admitted_per_step'], 1):>8} "
-                             f"{fmt(s['schedule_ms_per_step'], 2):>8}")
-            f, t = rows["fcfs"], rows["tw"]
-            parts = []
-            for key, label, op, lim in targets:
-                ratio = t[key] / f[key] if f[key] else float("nan")
-                ok = ratio <= lim if op == "<=" else ratio >= lim
-                verdicts.setdefault(str(load), {}).setdefault(scope, {})[key] = {
-                    "ratio": ratio, "target": f"{op} {lim}", "pass": bool(ok)}
-                parts.append(f"{label} {ratio:.2f}x ({op}{lim}) {'PASS' if ok else 'FAIL'}")
-            lines.append(f"{'':>5} {scope:>8} {'TW/FCFS':>6}  " + "; ".join(parts))
-        lines.append("")
-    table = "\n".join(lines)
-    all_pass = all(v["pass"] for load in loads for v in verdicts[str(load)]["all"].values())
-    trace_pass = all(v["pass"] for load in loads for sc in traces for v in verdicts[str(load)][sc].values())
+        flip = sides[0] == "tw"
+        prediction = sim_scheduler.predict_paired(raw, args.slo, invert=flip)
+    table = report(cells, loads, traces, sides, prediction)
+    all_pass = all(cells[str(load)]["all"]["pass"] for load in loads)
     elapsed = time.time() - t_run
     print()
-    print(f"TTFT seconds (arrival -> first token); goodput = req/s with TTFT <= {args.slo}s; "
-          f"wstd = mean per-step std dev of admitted weights (tokens); sched ms = mean schedule() time per engine "
-          f"step; capacity "
-          + ", ".join(f"{k} {v['req_s']:.2f} req/s" for k, v in capacity.items()))
     print(table)
-    print(f"overall (all traces pooled, every load): {'PASS' if all_pass else 'FAIL'}; "
-          f"per trace: {'PASS' if trace_pass else 'FAIL'}; run time {elapsed / 60:.1f} min")
-
+    print(f"overall (traces pooled, every load): {'PASS' if all_pass else 'FAIL'}; run time {elapsed / 60:.1f} min")
     result = {
-        "benchmark": "bench_scheduler",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "benchmark": "bench_scheduler", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "command": " ".join(["benchmarks/bench_scheduler.py"] + sys.argv[1:]),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "engine": {**ENGINE_KW, "model": f"generated Qwen3, variant {args.model} (float32, CPU)", "VLLM_CPU_KVCACHE_SPACE":
-                   os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")},
-        "args": {k: v for k, v in vars(args).items() if k != "worker"},
+        "engine": {**ENGINE_KW, "model": f"generated Qwen3, variant {args.model} (float32, CPU)",
+                   "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")},
+        "sides": sides, "pairing": args.pairing, "loads": loads, "seeds": seeds, "repeats": repeats,
         "traces": {k: {**v, "short_prompt": SHORT_RANGE, "long_prompt": LONG_RANGE, "output": OUT_RANGE}
                    for k, v in TRACE_SPECS.items() if k in traces},
-        "requests_per_trace": n, "loads": loads, "slo_s": args.slo,
-        "token_weighted_settings": sched_env,
-        "capacity": capacity,
-        "cost_shape": probe,
-        "summary": summary,
-        "verdicts": verdicts,
-        "pass": all_pass, "pass_per_trace": trace_pass,
-        "table": table,
-        "run_time_s": elapsed,
-        "per_request": {f"x{load}-{policy}": [{t: reps[t]["requests"] for t in traces} for reps in raw[(load, policy)]]
-                        for (load, policy) in raw},
-        "per_step": {f"x{load}-{policy}": [{t: {"t0": reps[t]["t0"], "comp": reps[t].get("comp", [])} for t in traces}
-                                           for reps in raw[(load, policy)]] for (load, policy) in raw},
+        "requests_per_trace": n, "slo_s": args.slo, "token_weighted_settings": sched_env,
+        "capacity": capacity, "cost_shape": probe, "targets": TARGETS,
+        "cells": cells, "prediction": prediction, "pass": all_pass, "table": table, "run_time_s": elapsed,
+        "raw": os.path.relpath(raw_path, ROOT),
     }
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"wrote {out_path}")
+    with open(raw_path, "w") as f:
+        json.dump(raw, f)
+    print(f"wrote {out_path} and {raw_path}")
     try:
-        plot(raw, loads, traces, args.slo, out_path[:-5] + ".png")
+        plot(obs, loads, sides, args.slo, out_path[:-5] + ".png")
         print(f"wrote {out_path[:-5] + '.png'}")
     except ImportError:
         print("matplotlib not importable: no PNG")
     return 0 if all_pass else 1
 
 
-def plot(raw: dict, loads: list[float], traces: list[str], slo: float, path: str) -> None:
+def plot(obs: list[dict], loads: list[float], sides: list[str], slo: float, path: str) -> None:
+    """TTFT CDFs of both sides per load (all requests, and the longest decile), every observation pooled."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(loads), len(traces) + 1, figsize=(5 * (len(traces) + 1), 3.8 * len(loads)),
-                             squeeze=False)
-    colors = {"fcfs": "tab:red", "tw": "tab:blue"}
+    fig, axes = plt.subplots(len(loads), 2, figsize=(10, 3.8 * len(loads)), squeeze=False)
+    colors = ("tab:red", "tab:blue")
     for li, load in enumerate(loads):
-        for ti, scope in enumerate(traces + ["long decile (all)"]):
-            ax = axes[li][ti]
-            for policy in POLICIES:
-                reps = raw[(load, policy)]
-                if scope in traces:
-                    vals = [r["ttft"] for runs in reps for r in runs[scope]["requests"]]
-                else:
-                    vals = []
-                    for runs in reps:
-                        for t in traces:
-                            rs = sorted(runs[t]["requests"], key=lambda r: (r["prompt_len"], r["i"]))
-                            vals += [r["ttft"] for r in rs[len(rs) - max(1, len(rs) // 10):]]
+        for ci, scope in enumerate(("all requests", "longest decile")):
+            ax = axes[li][ci]
+            for i in (0, 1):
+                vals = []
+                for o in obs:
+                    if o["load"] != load:
+                        continue
+                    rs = o["runs"][i]["requests"]
+                    if scope == "longest decile":
+                        rs = sorted(rs, key=lambda r: (r["prompt_len"], r["i"]))[len(rs) - max(1, len(rs) // 10):]
+                    vals += [r["ttft"] for r in rs]
                 vals.sort()
-                ys = [(i + 1) / len(vals) for i in range(len(vals))]
-                ax.step(vals, ys, where="post", color=colors[policy], label=POLICY_NAMES[policy])
+                ax.step(vals, [(k + 1) / len(vals) for k in range(len(vals))], where="post", color=colors[i],
+                        label=f"side {i}: {sides[i]}")
             ax.axvline(slo, color="gray", ls=":", lw=1)
             ax.set_xscale("log")
             ax.set_title(f"{scope} @ {load}x capacity")

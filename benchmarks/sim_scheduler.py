@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -271,10 +272,65 @@ def save_cost_model(name: str, cost: StepCostModel, stats: dict) -> None:
     print(f"stored cost model {name!r} in {COST_MODELS}", flush=True)
 
 
+def paired_records(real: dict) -> list:
+    """Every replay's per-step records of a results file, runs kept apart (the gap between two runs is idle time,
+    dropped by the fit)."""
+    pooled_records = []
+    for reps in real.get("per_step", {}).values():
+        for rep in reps:
+            for trace in rep.values():
+                rec = trace["comp"]
+                if rec:
+                    pooled_records += rec + [[rec[-1][0] + 1e6, 0, 0, 0, 0, 0]]
+    return pooled_records
+
+
+def predict_paired(raw: dict, slo: float, invert: bool = False) -> dict:
+    """The simulator's prediction for a paired ``bench_scheduler.py`` run (its ``.raw.json``): the step-cost model
+    fitted to that run's own steps, the same traces (seeds, loads, the measured capacity's rates) through FCFS and
+    the token-weighted scheduler (the run's settings), and the ratios computed the way the real ones are — per
+    seed, traces pooled, then the geometric mean over seeds. ``invert``: report FCFS / token-weighted (when the
+    run's side 1 is FCFS)."""
+    from qwen_vllm_ext.demo import ensure_demo_model
+
+    model_dir = str(ensure_demo_model(variant=raw["model"]))
+    engine = {k: raw["engine"][k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
+    cost, stats = fit_cost_model(paired_records(raw))
+    policy = parse_config("real:" + ",".join(f"{k}={v}" for k, v in (raw.get("token_weighted_settings") or {}).items()))[1]
+    traces, n = raw["traces"], raw["requests_per_trace"]
+    warm = {}
+    for kind in traces:
+        mix = bench.make_mix(kind, max(120, 3 * engine["max_num_seqs"]), 1000)
+        warm[kind] = simulate(model_dir, mix, [0.0] * len(mix), cost, token_weighted=False, **engine)["warm"]
+    cells: dict = {}
+    for load in raw["loads"]:
+        per_seed = []
+        for seed in raw["seeds"]:
+            runs = {}
+            for tw in (False, True):
+                runs[tw] = [simulate(model_dir, bench.make_mix(kind, n, seed),
+                                     bench.make_arrivals(kind, n, load * raw["capacity"][kind]["req_s"], seed), cost,
+                                     token_weighted=tw, policy=policy if tw else None, warm=warm.get(kind) if tw else None,
+                                     **engine) for kind in traces]
+            f, t = (bench.summarize(bench.pooled(runs[x]), slo) for x in (False, True))
+            per_seed.append({m: (ratio(f[m], t[m]) if invert else ratio(t[m], f[m])) for m, *_ in METRICS})
+        cells[str(load)] = {m: math.exp(sum(math.log(p[m]) for p in per_seed) / len(per_seed))
+                            for m, *_ in METRICS}
+        cells[str(load)]["per_seed"] = per_seed
+        print(f"  simulator, {load}x: " + "  ".join(f"{label} {cells[str(load)][m]:.3f}" for m, label, *_ in METRICS),
+              flush=True)
+    return {"cells": cells, "cost_model": dataclasses.asdict(cost), "fit": stats}
+
+
 def fit_and_check(args, model_dir: str, traces: list[str]):
     """The cost model fitted to a real run's steps, and the fidelity checks against that run."""
     with open(args.fit) as f:
         real = json.load(f)
+    if real.get("paired"):  # a paired run's .raw.json: the fit and the prediction for its own traces
+        print(f"\nprediction for the paired run {args.fit} (its traces at its rates, its own step-cost fit):")
+        prediction = predict_paired(real, args.slo, invert=real["sides"][0] == "tw")
+        cost = StepCostModel(**prediction["cost_model"])
+        return cost, prediction["fit"], prediction, None
     records = []
     for key, reps in real.get("per_step", {}).items():
         for rep in reps:
