@@ -20,17 +20,25 @@ prefill costs about one decode step): there every request holds a batch slot for
 prompt length, so ordering by prompt tokens cannot shorten the queue. The capacity phase measures and prints
 the cost shape (a 2,000-token prefill alone vs one decode step of a full batch).
 
-Phases, each engine in a fresh subprocess (``--worker``) so the engine core sees its own ``QWEN_VLLM_EXT_SCHED_*``
-settings:
+Protocol (issue #35: paired observations with intervals; ``--sides A,B``, side 0 the reference):
 
-1. **capacity** — FCFS engine, each trace's request mix submitted all at once (saturation): sustained
-   requests/s = requests / (last completion - first submission).
-2. **replay** — for each load level (default 1.2x and 1.7x of the measured capacity), each trace and each policy
-   (FCFS = vLLM's default ``Scheduler``; token-weighted = ``TokenWeightedScheduler``), a fresh engine replays the
-   trace by its timestamps (an asyncio task per request sleeps until its arrival, then calls
-   ``AsyncLLM.generate``). Both policies replay a trace back to back, the one going first alternating by trace,
-   load level and repeat, so a drift in the machine's speed (several percent over minutes on this 2-core
-   machine) hits both alike; ``--repeats`` repeats the whole replay phase.
+1. **capacity** — FCFS, each trace's request mix submitted all at once (saturation): sustained requests/s =
+   requests / (last completion - first submission); measured once, by two engines placed as in the replays, and
+   shared by both sides (``--capacity`` reuses a measured one).
+2. **replays** — per repeat, one worker process per side (a fresh engine each: ``fcfs`` = vLLM's ``Scheduler``
+   forced, ``tw`` = ``TokenWeightedScheduler``, ``default`` = no ``scheduler_cls``) replays every (load, seed,
+   trace) job in the same order. ``--pairing concurrent`` (default): both workers at the same time, each pinned to
+   its own core with one OpenMP thread (frontend, load generator and engine core together), the cores swapped every
+   repeat, every job started on both at once behind a file barrier — a change in the machine's speed hits both
+   sides alike. ``shared``: at the same time, neither pinned. ``sequential``: one side after the other on both
+   cores. A job's prompts are salted by its load, so an engine never sees a prompt twice.
+
+One observation = one repeat and seed, traces pooled (and per trace). For each metric the ratio side 1 / side 0
+goes into a 95% t interval of the mean log ratio over the observations. A cell (load) passes when the intervals
+stay below 1.03 (mean TTFT) and 1.08 (p99 TTFT) and above 0.97 (output throughput); the A/A run
+(``--sides fcfs,fcfs``) must pass the same test for an A/B verdict to mean anything. With ``fcfs`` and ``tw`` as the
+sides, ``sim_scheduler.predict_paired`` simulates the same traces at the same rates with a step-cost model fitted to
+this run's own steps, printed next to the real intervals.
 
 TTFT = first streamed output - scheduled arrival time (a client falling behind its schedule counts against
 the engine, as a real client's wait would). Per run: TTFT mean / p50 / p99, p99 TTFT of the longest decile of
@@ -41,19 +49,17 @@ requests a step admits (steps admitting two or more). The admitted weights are r
 thin subclass of each scheduler (``BenchFCFSScheduler`` / ``BenchTokenWeightedScheduler`` in this module, which
 only observe ``schedule()``'s output), so the figure is computed the same way for both; the token-weighted
 scheduler's own ``qwen_stats`` figure is reported too. The same subclasses time ``schedule()`` (the "sched ms"
-column) and record every step's composition (requests, tokens, prefill tokens, prefill and decode context) and
-where its time went (``schedule()``, the model step, ``update_from_output()``) under ``per_step`` in the JSON:
-``sim_scheduler.py --fit`` fits its step-cost model to those records.
+column), count preemptions, and record every step's composition (requests, tokens, prefill tokens, prefill and
+decode context) and where its time went (``schedule()``, the model step, ``update_from_output()``) under
+``per_step`` in the raw JSON: ``sim_scheduler.py --fit`` fits its step-cost model to those records.
 
-Targets at every load level (per trace and over all traces' requests pooled): mean TTFT <= 0.5x FCFS,
-longest-decile p99 TTFT <= 1.2x FCFS, output throughput >= 1.0x FCFS. The pooled rows decide the exit status.
+    .venv/bin/python benchmarks/bench_scheduler.py --quick --model demo          # smoke run, ~1.5 minutes
+    .venv/bin/python benchmarks/bench_scheduler.py --model demo --sides fcfs,fcfs --requests 600   # A/A, ~15 min
+    .venv/bin/python benchmarks/bench_scheduler.py --model demo --requests 600                     # A/B, ~15 min
 
-    .venv/bin/python benchmarks/bench_scheduler.py            # ~10-13 minutes on 2 cores
-    .venv/bin/python benchmarks/bench_scheduler.py --quick    # smoke run, ~4 minutes
-    .venv/bin/python benchmarks/bench_scheduler.py --loads 1.2,1.7 --repeats 2 --sched QWEN_VLLM_EXT_SCHED_MAX_WAIT_S=20
-
-Writes ``benchmarks/results/bench_scheduler.json`` (``bench_scheduler_quick.json`` with ``--quick``), a PNG of
-the TTFT CDFs next to it, and the workers' logs under ``benchmarks/results/bench_scheduler_logs/``.
+Writes the summary JSON (``--out``, default ``benchmarks/results/bench_scheduler.json``; cells, intervals, the
+prediction), the raw JSON (``--raw``: every request and step), a PNG of the TTFT CDFs next to the summary, and the
+workers' logs under ``benchmarks/results/bench_scheduler_logs/``.
 """
 from __future__ import annotations
 
@@ -67,6 +73,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from qwen_vllm_ext.bench.paired import TARGETS, judge, ratio_interval
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -536,44 +544,8 @@ def fmt(x, nd=2):
     return f"{x:.{nd}f}"
 
 
-# (metric, label, comparison, limit on the interval, limit on the point) — issue #35's never-worse test: a cell
-# passes when the 95% interval of side 1 / side 0 stays below 1.03 (mean TTFT) and 1.08 (p99 TTFT) and above 0.97
-# (output throughput); the points are held to the targets themselves (<= 1.0, <= 1.05, >= 0.98).
-TARGETS = (("ttft_mean_s", "mean", "<=", 1.03, 1.0), ("ttft_p99_s", "p99", "<=", 1.08, 1.05),
-           ("output_tok_s", "tput", ">=", 0.97, 0.98))
 REPORTED = (("ttft_p50_s", "p50"), ("long_decile_p99_ttft_s", "long p99"), ("goodput_req_s", "goodput"))
-# Two-sided 95% Student t quantiles by degrees of freedom (1-30); beyond, the normal's 1.96.
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def ratio_interval(ratios: list[float]) -> dict:
-    """Point and 95% interval of a ratio from paired observations: the t interval of the mean log ratio,
-    exponentiated (the geometric mean; symmetric in which side is the numerator)."""
-    logs = [math.log(r) for r in ratios if r > 0 and math.isfinite(r)]
-    k = len(logs)
-    if k == 0:
-        return {"point": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0, "ratios": ratios}
-    m = sum(logs) / k
-    if k < 2:
-        return {"point": math.exp(m), "lo": float("nan"), "hi": float("nan"), "n": k, "ratios": ratios}
-    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (k - 1))
-    h = (T975[k - 2] if k - 1 <= len(T975) else 1.96) * sd / math.sqrt(k)
-    return {"point": math.exp(m), "lo": math.exp(m - h), "hi": math.exp(m + h), "n": k, "sd_log": sd,
-            "half_width": (math.exp(h) - 1.0), "ratios": ratios}
-
-
-def judge(metrics: dict) -> dict:
-    """The never-worse test of one cell: every target's interval inside its limit (``pass``), and every point
-    inside the target (``pass_point``)."""
-    ok_int, ok_pt = True, True
-    for key, _label, op, lim_int, lim_pt in TARGETS:
-        iv = metrics[key]
-        edge = iv["hi"] if op == "<=" else iv["lo"]
-        good = (edge <= lim_int) if op == "<=" else (edge >= lim_int)
-        ok_int = ok_int and bool(good)  # a NaN edge (one observation) fails
-        ok_pt = ok_pt and ((iv["point"] <= lim_pt) if op == "<=" else (iv["point"] >= lim_pt))
-    return {"pass": ok_int, "pass_point": bool(ok_pt)}
+"""Ratios reported with intervals but not judged (TARGETS are: qwen_vllm_ext.bench.paired)."""
 
 
 def analyse(obs: list[dict], loads: list[float], traces: list[str], slo: float) -> dict:

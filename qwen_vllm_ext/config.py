@@ -77,9 +77,9 @@ class Settings:
 
     # ---- scheduling ----------------------------------------------------------------------------
     token_weighted_scheduler: bool = False
-    """Monkeypatch mode: the engine core uses the token-weighted scheduler without --scheduler-cls. On in the GPU
-    launcher profiles (never worse than FCFS in the simulator for their hardware), off in `cpu` and without a profile
-    (docs/scheduling.md says when to turn it on)."""
+    """Monkeypatch mode: the engine core uses the token-weighted scheduler without --scheduler-cls. Off in every
+    launcher profile until a real engine of its hardware shows it never worse than FCFS (the simulator does; this
+    machine cannot resolve it; docs/scheduling.md says when to turn it on and how to check it on a GPU)."""
     scheduler: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     """The token-weighted policy (``qwen_vllm_ext.scheduling.policy.PolicyConfig``): each of its fields ``f`` is
     the setting ``sched_f`` (``QWEN_VLLM_EXT_SCHED_F``, ``--qwen-sched-f``), defined and documented there once."""

@@ -96,22 +96,37 @@ SIMULATED = ("a100-80gb", "h100-80gb", "h200-141gb")
 """GPU profiles whose hardware has a step-cost model in benchmarks/cost_models.json (docs/results/scheduler-sim/)."""
 
 
+REAL_EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "results" / "scheduler-real"
+"""Where a real-engine comparison for a profile's hardware would be committed: ``<profile>.json``, the scheduler phase
+of ``benchmarks/gpu_check.py`` (``aa_pass``, ``never_worse``)."""
+
+
 @pytest.mark.parametrize("name", profile_names())
-def test_the_token_weighted_scheduler_is_on_exactly_where_the_simulator_backs_it(name):
-    """Issue #21's rule: a GPU profile turns it on when the simulator for its hardware shows it never worse than FCFS
-    (test below); `cpu` keeps it off (its decode-bound demo model has nothing to win; docs/results/scheduler.md)."""
+def test_the_token_weighted_scheduler_is_on_only_where_a_real_engine_backs_it(name):
+    """Issue #35's rule: a profile turns it on only where "never worse than FCFS" was shown on a real engine of its
+    hardware — a committed comparison whose A/A pair and A/B cells pass. The simulator alone is not enough (it could
+    not be checked within +-3% on this 2-core machine; docs/results/scheduler.md), and no GPU run exists, so every
+    profile ships it off, and says so explicitly."""
+    import json
+
     from qwen_vllm_ext.config import Settings
 
     extension = load_profile(name).extension
-    wanted = name in SIMULATED
-    assert extension.get("token_weighted_scheduler", False) is wanted
-    assert Settings.resolve(env={}, base=extension).token_weighted_scheduler is wanted
+    assert "token_weighted_scheduler" in extension
+    evidence = REAL_EVIDENCE / f"{name}.json"
+    backed = False
+    if evidence.is_file():
+        phase = json.loads(evidence.read_text())
+        backed = bool(phase["aa_pass"] and phase["never_worse"])
+    on = Settings.resolve(env={}, base=extension).token_weighted_scheduler
+    assert on is backed
 
 
 @pytest.mark.parametrize("name", SIMULATED)
 def test_the_gpu_profiles_simulated_results_back_the_docs(name):
     """What the GPU profiles' comments and docs/scheduling.md claim: the committed simulator results for that
-    hardware were run with the shipped defaults and meet every never-worse limit at every load."""
+    hardware were run with the shipped defaults and meet every never-worse limit at every load (the reason to try
+    it there; tests/integration/test_scheduler_profiles_sim.py re-runs seed 0)."""
     import json
 
     from qwen_vllm_ext.config import Settings
