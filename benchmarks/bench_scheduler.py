@@ -419,8 +419,8 @@ def start_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_n
                  probe: bool = False, cpu: int | None = None, barrier: str | None = None, side: int = 0) -> dict:
     """Start one worker process: a fresh engine with ``policy``'s scheduler (``SIDE_CLASSES``) replaying ``jobs``
     in order. ``cpu``: pin the whole worker (frontend, load generator and engine core, one OpenMP thread) to that
-    core; -1: one OpenMP thread, not pinned. ``barrier``: a directory shared with the other side of a concurrent pair (every job starts on both at
-    once)."""
+    core; -1: one OpenMP thread, not pinned. ``barrier``: a directory shared with the other side of a concurrent
+    pair (every job starts on both at once)."""
     os.makedirs(os.path.join(RESULTS, "bench_scheduler_logs"), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="bench-sched-")
     spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
