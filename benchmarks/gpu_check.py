@@ -146,7 +146,7 @@ def chat(server: ServeProcess, content: str, max_tokens: int = 4) -> dict:
 # policy that does nothing must pass the same test) and the token-weighted one — each on its share of the GPU's
 # memory, used one at a time. Per load and repeat, the three replay the same seeded open-loop trace back to back,
 # in an order rotated every repeat, so a drift in the machine's speed hits each alike. Ratios b/a and tw/a per
-# repeat; their 95% intervals (bench_scheduler.ratio_interval) are judged by issue #35's rule.
+# repeat; their 95% intervals (qwen_vllm_ext.bench.paired) are judged by issue #35's rule.
 COMPARE = {"gpu": {"loads": (0.8, 1.2, 1.7), "repeats": 3, "span_s": 6.0, "mem": "0.28"},
            "cpu": {"loads": (1.2,), "repeats": 2, "span_s": 4.0, "mem": None}}
 SIDES = (("fcfs_a", "false"), ("fcfs_b", "false"), ("token_weighted", "true"))
