@@ -296,6 +296,8 @@ def predict_paired(raw: dict, slo: float, invert: bool = False) -> dict:
     model_dir = str(ensure_demo_model(variant=raw["model"]))
     engine = {k: raw["engine"][k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
     cost, stats = fit_cost_model(paired_records(raw))
+    print(f"  step-cost fit to the run's own steps: {stats['steps']} steps, R^2 {stats['r2']:.3f}, median |error| "
+          f"{100 * stats['median_rel_err']:.0f}%", flush=True)
     policy = parse_config("real:" + ",".join(f"{k}={v}" for k, v in (raw.get("token_weighted_settings") or {}).items()))[1]
     traces, n = raw["traces"], raw["requests_per_trace"]
     warm = {}
