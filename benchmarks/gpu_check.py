@@ -88,12 +88,17 @@ def plain_env(cpu: bool) -> dict:
 
 
 def start(argv: list[str], log: Path, *, plain: bool = False, cpu: bool = False, label: str = "server",
-          timeout: float = 600) -> ServeProcess:
+          timeout: float = 600, wait: bool = True) -> ServeProcess:
+    """Start a server; with ``wait`` (default) return once it is healthy, else at once (call :func:`healthy`)."""
     env = plain_env(cpu) if plain else {k: v for k, v in os.environ.items() if not k.startswith("QWEN_VLLM_EXT_")}
     server = ServeProcess(argv, log, env=env, label=label,
                           module="vllm.entrypoints.openai.api_server" if plain else "qwen_vllm_ext.serve")
+    return healthy(server, timeout) if wait else server
+
+
+def healthy(server: ServeProcess, timeout: float = 600) -> ServeProcess:
     t = server.wait_healthy(timeout)
-    print(f"  {label} healthy in {t:.0f}s ({server.base_url})", flush=True)
+    print(f"  {server.label} healthy in {t:.0f}s ({server.base_url})", flush=True)
     return server
 
 
@@ -160,15 +165,11 @@ def scheduler_comparison(mode: str, common: list[str], work: Path, servers: list
     live = {}
     for name, tw in SIDES:  # on a GPU one at a time (each measures the memory it may take); on the CPU all at once
         argv = ["--qwen-data-dir", str(work / f"{name}-data"), "--qwen-token-weighted-scheduler", tw, *extra, *common]
-        if mode == "gpu":
-            live[name] = start(argv, work / f"{name}.log", label=f"{name} server")
-        else:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN_VLLM_EXT_")}
-            live[name] = ServeProcess(argv, work / f"{name}.log", env=env, label=f"{name} server")
+        live[name] = start(argv, work / f"{name}.log", label=f"{name} server", wait=mode == "gpu")
         servers.append(live[name])
-    for name, server in live.items():
-        if mode != "gpu":
-            print(f"  {name} server healthy in {server.wait_healthy(600):.0f}s ({server.base_url})", flush=True)
+    if mode != "gpu":
+        for server in live.values():
+            healthy(server)
     cap = storm(live["fcfs_a"], work / "capacity", SATURATE[mode], checked=False)
     capacity = cap["throughput"]["request_throughput"]
     runs: dict = {}

@@ -211,12 +211,8 @@ def main() -> int:
     for speed in [float(x) for x in args.speed.split(",")]:
         scaled = StepCostModel(*(v / speed for v in dataclasses.astuple(cost)))
         # Capacity in the simulator (FCFS, all at once), then the configurations at each load.
-        cap = {}
-        for kind in traces:
-            mix = bench.make_mix(kind, max(120, 3 * ENGINE["max_num_seqs"]), 1000)  # enough to fill every slot
-            run = simulate(model_dir, mix, [0.0] * len(mix), scaled, token_weighted=False, **ENGINE)
-            cap[kind] = len(mix) / (run["t_end"] - run["t0"])
-            WARM[kind] = run["warm"]
+        cap, warm = simulated_capacity(model_dir, traces, scaled, ENGINE)
+        WARM.update(warm)
         caps[str(speed)] = cap
         print(f"\nspeed {speed:g}: simulated capacity " + ", ".join(f"{k} {v:.2f} req/s" for k, v in cap.items()))
         sweep(args, model_dir, traces, loads, seeds, configs, scaled, cap, speed, table)
@@ -272,9 +268,21 @@ def save_cost_model(name: str, cost: StepCostModel, stats: dict) -> None:
     print(f"stored cost model {name!r} in {COST_MODELS}", flush=True)
 
 
-def paired_records(real: dict) -> list:
-    """Every replay's per-step records of a results file, runs kept apart (the gap between two runs is idle time,
-    dropped by the fit)."""
+def simulated_capacity(model_dir: str, traces: list[str], cost: StepCostModel, engine: dict) -> tuple[dict, dict]:
+    """Per trace kind, the simulated saturation capacity (FCFS, every request at t=0; enough requests to fill every
+    slot) in req/s, and that run's step-cost fit (the warm start of the token-weighted runs)."""
+    cap, warm = {}, {}
+    for kind in traces:
+        mix = bench.make_mix(kind, max(120, 3 * engine["max_num_seqs"]), 1000)
+        run = simulate(model_dir, mix, [0.0] * len(mix), cost, token_weighted=False, **engine)
+        cap[kind] = len(mix) / (run["t_end"] - run["t0"])
+        warm[kind] = run["warm"]
+    return cap, warm
+
+
+def step_records(real: dict) -> list:
+    """Every replay's per-step records of a results file (either format), runs kept apart (the gap between two runs
+    is idle time, dropped by the fit)."""
     pooled_records = []
     for reps in real.get("per_step", {}).values():
         for rep in reps:
@@ -295,15 +303,12 @@ def predict_paired(raw: dict, slo: float, invert: bool = False) -> dict:
 
     model_dir = str(ensure_demo_model(variant=raw["model"]))
     engine = {k: raw["engine"][k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
-    cost, stats = fit_cost_model(paired_records(raw))
+    cost, stats = fit_cost_model(step_records(raw))
     print(f"  step-cost fit to the run's own steps: {stats['steps']} steps, R^2 {stats['r2']:.3f}, median |error| "
           f"{100 * stats['median_rel_err']:.0f}%", flush=True)
     policy = parse_config("real:" + ",".join(f"{k}={v}" for k, v in (raw.get("token_weighted_settings") or {}).items()))[1]
     traces, n = raw["traces"], raw["requests_per_trace"]
-    warm = {}
-    for kind in traces:
-        mix = bench.make_mix(kind, max(120, 3 * engine["max_num_seqs"]), 1000)
-        warm[kind] = simulate(model_dir, mix, [0.0] * len(mix), cost, token_weighted=False, **engine)["warm"]
+    _, warm = simulated_capacity(model_dir, traces, cost, engine)
     cells: dict = {}
     for load in raw["loads"]:
         per_seed = []
@@ -337,19 +342,9 @@ def fit_and_check(args, model_dir: str, traces: list[str]):
         prediction = predict_paired(real, args.slo, invert=real["sides"][0] == "tw")
         cost = StepCostModel(**prediction["cost_model"])
         return cost, prediction["fit"], prediction, None
-    records = []
-    for key, reps in real.get("per_step", {}).items():
-        for rep in reps:
-            for trace in rep.values():
-                records.append(trace["comp"])
-    if not records:
+    if not any(rep for reps in real.get("per_step", {}).values() for rep in reps):
         raise SystemExit(f"{args.fit} has no per-step records (run bench_scheduler.py from this version)")
-    # Every run's steps, runs kept apart (the time gap between two runs is idle time, dropped by the fit).
-    pooled_records = []
-    for rec in records:
-        if rec:
-            pooled_records += rec + [[rec[-1][0] + 1e6, 0, 0, 0, 0, 0]]
-    cost, stats = fit_cost_model(pooled_records)
+    cost, stats = fit_cost_model(step_records(real))
     print(f"cost model (s/step) = {cost.base * 1e3:.2f} ms + {cost.per_request * 1e3:.3f} ms/request + "
           f"{cost.per_token * 1e3:.4f} ms/token + {cost.per_ctx * 1e9:.3f} ns/(token x context)"
           + (f" + {cost.per_decode_ctx * 1e9:.2f} ns/decode-context token" if stats["decode_ctx_term"] else
