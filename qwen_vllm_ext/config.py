@@ -66,6 +66,16 @@ class Settings:
     """``sqlite`` (a file in data_dir; several API-server processes share it) or ``redis`` (several replicas)."""
     ledger_redis_url: str = ""
     """Redis URL for ``ledger_backend=redis``, e.g. ``redis://127.0.0.1:6379/0``."""
+    price_prompt: str = ""
+    """USD per million uncached prompt tokens, a plain decimal (``"0.15"``, at most 6 decimals); with any price set,
+    usage carries ``cost`` and the ledger records each request's cost in exact pico-dollars. Empty: no prices."""
+    price_completion: str = ""
+    """USD per million generated tokens (reasoning included), as ``price_prompt``."""
+    price_cache_read: str = ""
+    """USD per million prompt tokens read from the prefix cache; empty: the prompt price. OpenRouter routes a
+    conversation back to the same provider (sticky cache routing) only when this is below the prompt price."""
+    price_request: str = ""
+    """USD per request the engine worked on (not charged for rejected requests), a plain decimal."""
     access_log: str = ""
     """Path of the stratified JSON-lines access log (empty: off)."""
     access_log_slow_s: float = 5.0
@@ -117,6 +127,30 @@ class Settings:
     """How long a key stays suspended after a spike."""
     spike_webhook: str = ""
     """URL that receives a JSON POST when a key is suspended (empty: none)."""
+    max_queue_wait_s: float = 0.0
+    """Capacity 429s: a request whose expected queue wait (the prompt tokens admitted ahead of it and not yet
+    started, over the measured rate at which they start) exceeds this gets 429 with ``Retry-After`` at admission,
+    before the engine sees it (0 = off; needs the gateway, which counts prompts exactly)."""
+
+    # ---- serving as an aggregator's provider ---------------------------------------------------
+    openrouter: bool = False
+    """Serve as an OpenRouter provider: ``GET /v1/models?format=openrouter`` lists the served model with its prices;
+    start-up refuses a billing policy the listing cannot express (context penalty within the context length,
+    surcharges, system exclusion) and a listing that disagrees with the engine."""
+    listing_context_length: int = 0
+    """Context length the listing publishes (0 = the engine's ``max_model_len``; larger is refused)."""
+    listing_max_output: int = 0
+    """``max_output_length`` the listing publishes (0 = the context length)."""
+    listing_quantization: str = ""
+    """Quantization the listing publishes (empty = what the engine runs: its quantization method, else its dtype);
+    a value the engine does not run is refused."""
+    listing_name: str = ""
+    """Display name in the listing (empty = the served model name)."""
+    listing_hugging_face_id: str = ""
+    """``hugging_face_id`` in the listing (empty = ``--model`` when it is a Hugging Face id, else none)."""
+    sse_keepalive_s: float = 0.0
+    """Send an SSE comment line (``: keep-alive``) on a streamed response that has had nothing to send for this many
+    seconds (queued, long prefill, long reasoning), so proxies and the aggregator do not time it out (0 = off)."""
 
     # ---- KV-cache reuse across turns -----------------------------------------------------------
     kv_reuse_template: bool = True
@@ -200,7 +234,25 @@ class Settings:
             scheduler = PolicyConfig(**policy)
         except PolicyError as exc:
             raise SettingsError(f"setting {SETTING_PREFIX + exc.field!r}: {exc}") from None
-        return cls(**own, scheduler=scheduler)
+        settings = cls(**own, scheduler=scheduler)
+        settings.prices()  # a price that cannot be billed exactly: refused here, naming the setting
+        for name in ("max_queue_wait_s", "sse_keepalive_s", "listing_context_length", "listing_max_output"):
+            if getattr(settings, name) < 0:
+                raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(settings, name)}")
+        return settings
+
+    def prices(self):
+        """The provider's prices (``qwen_v3_calculator.billing.Prices``), or None when no price is set."""
+        if not (self.price_prompt or self.price_completion or self.price_cache_read or self.price_request):
+            return None
+        from qwen_v3_calculator.billing import Prices
+
+        try:
+            return Prices.per_million(self.price_prompt, self.price_completion, self.price_cache_read,
+                                      self.price_request, names=("setting 'price_prompt'", "setting 'price_completion'",
+                                                                 "setting 'price_cache_read'", "setting 'price_request'"))
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
 
     def flat(self) -> dict[str, Any]:
         """Every setting by the name users write (``sched_*`` included)."""

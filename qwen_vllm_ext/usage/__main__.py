@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from qwen_v3_calculator.billing import usd
+
 from qwen_vllm_ext.store import locations
 from qwen_vllm_ext.usage.ledger import (DAILY_FIELDS, MICRO, LedgerUnavailable, REPORT_BY, SqliteLedgerStore,
                                         open_store)
@@ -72,12 +74,20 @@ def billed(micro: int) -> str:
     return f"{sign}{whole}.{frac:06d}"
 
 
+COUNTS = DAILY_FIELDS[:4]  # requests and token sums; then billed units and the cost
+
+
+def money(row: dict[str, Any]) -> list[str]:
+    """Billed units (exact) and the cost in USD, rounded half-even to 6 decimals: the one rounding the ledger's exact
+    pico-dollars ever get (``qwen_v3_calculator.billing.usd``)."""
+    return [billed(row["billed_micro"]), usd(row["cost_pico_usd"])]
+
+
 def format_table(by: str, rows: list[dict[str, Any]]) -> str:
     total = {f: sum(r[f] for r in rows) for f in DAILY_FIELDS}
-    head = [by, *DAILY_FIELDS[:-1], "billed"]
-    body = [[str(r[by]) or "-", *(str(r[f]) for f in DAILY_FIELDS[:-1]), billed(r["billed_micro"])]
-            for r in rows]
-    foot = ["TOTAL", *(str(total[f]) for f in DAILY_FIELDS[:-1]), billed(total["billed_micro"])]
+    head = [by, *COUNTS, "billed", "cost_usd"]
+    body = [[str(r[by]) or "-", *(str(r[f]) for f in COUNTS), *money(r)] for r in rows]
+    foot = ["TOTAL", *(str(total[f]) for f in COUNTS), *money(total)]
     widths = [max(len(line[i]) for line in [head, *body, foot]) for i in range(len(head))]
 
     def fmt(line: list[str]) -> str:
@@ -100,9 +110,9 @@ def cmd_report(args: argparse.Namespace) -> int:
                          indent=2))
     elif args.csv:
         out = csv.writer(sys.stdout, lineterminator="\n")
-        out.writerow([args.by, *DAILY_FIELDS, "billed"])
+        out.writerow([args.by, *DAILY_FIELDS, "billed", "cost_usd"])
         for r in rows:
-            out.writerow([r[args.by], *(r[f] for f in DAILY_FIELDS), billed(r["billed_micro"])])
+            out.writerow([r[args.by], *(r[f] for f in DAILY_FIELDS), *money(r)])
     else:
         print(format_table(args.by, rows))
     return 0

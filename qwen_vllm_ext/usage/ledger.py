@@ -63,12 +63,12 @@ PROBE_PREFIX = "qwen-doctor-"
 """Request ids (``x-request-id``) of health probes: see :attr:`LedgerRecord.probe`."""
 MICRO = 1_000_000
 _INT_FIELDS = ("http_status", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
-               "engine_prompt_tokens", "billed_prompt_micro", "billed_completion_micro")
+               "engine_prompt_tokens", "billed_prompt_micro", "billed_completion_micro", "cost_pico_usd")
 _MAX_INT = 2**63 - 1
 # Aggregates kept per (api key, UTC day, model) and reported by ``report``.
-DAILY_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "billed_micro")
+DAILY_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "billed_micro", "cost_pico_usd")
 TOTAL_FIELDS = ("requests", "prompt_tokens", "engine_prompt_tokens", "cached_tokens", "completion_tokens",
-                "reasoning_tokens", "billed_micro")
+                "reasoning_tokens", "billed_micro", "cost_pico_usd")
 REPORT_BY = {"key": "api_key_id", "model": "model", "day": "day", "instance": "instance_id"}
 # ``instance`` (the replica, for a fleet sharing one Redis ledger) is not in the daily aggregates: read off records.
 
@@ -102,7 +102,8 @@ def billed_prompt_tokens(prompt_tokens: int, engine_prompt_tokens: int) -> int:
 
 @dataclasses.dataclass
 class LedgerRecord:
-    """One request as the ledger records it. Billed figures are integer micro-units (units x 10^6)."""
+    """One request as the ledger records it. Billed figures are integer micro-units (units x 10^6); the cost is
+    integer pico-dollars (USD x 10^12: exact for the provider's prices, ``qwen_v3_calculator.billing.Prices``)."""
 
     request_id: str
     instance_id: str
@@ -125,6 +126,7 @@ class LedgerRecord:
     api_key_id: str | None = None
     conversation_id: str | None = None  # x-session-id / x-conversation-id header or the `user` field (KV reuse)
     reuse_ratio: float | None = None  # cached tokens / previous turn's prompt + completion of the conversation
+    cost_pico_usd: int = 0  # usage x the provider's prices (settings price_*), pico-dollars; 0 without prices
 
     def __post_init__(self) -> None:
         self.validate()
@@ -203,9 +205,10 @@ def _totals_of(records: Iterable[LedgerRecord]) -> dict[str, Any]:
     out = _empty_totals()
     for r in records:
         out["requests"] += 1
-        for f in TOTAL_FIELDS[1:-1]:
+        for f in TOTAL_FIELDS[1:-2]:
             out[f] += getattr(r, f)
         out["billed_micro"] += r.billed_total_micro
+        out["cost_pico_usd"] += r.cost_pico_usd
         out["by_status"][r.status] += 1
     return out
 
@@ -224,6 +227,7 @@ def _report_from_records(by: str, records: Iterable[LedgerRecord]) -> list[dict[
         g["cached_tokens"] += r.cached_tokens
         g["completion_tokens"] += r.completion_tokens
         g["billed_micro"] += r.billed_total_micro
+        g["cost_pico_usd"] += r.cost_pico_usd
     return _report_rows(by, groups)
 
 
@@ -236,7 +240,7 @@ def _report_from_daily(by: str, daily_rows: Iterable[dict[str, Any]], since: flo
             continue
         g = groups.setdefault(row[REPORT_BY[by]], dict.fromkeys(DAILY_FIELDS, 0))
         for f in DAILY_FIELDS:
-            g[f] += int(row[f])
+            g[f] += int(row.get(f) or 0)  # rows written before a field existed lack it
     return _report_rows(by, groups)
 
 
@@ -303,26 +307,28 @@ CREATE TABLE IF NOT EXISTS requests (
     engine_prompt_tokens INTEGER NOT NULL, billed_prompt_micro INTEGER NOT NULL,
     billed_completion_micro INTEGER NOT NULL, received_at REAL NOT NULL, finished_at REAL NOT NULL,
     ttft_s REAL, latency_s REAL NOT NULL, streamed INTEGER NOT NULL, api_key_id TEXT, conversation_id TEXT,
-    reuse_ratio REAL);
+    reuse_ratio REAL, cost_pico_usd INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS requests_finished ON requests (finished_at);
 CREATE INDEX IF NOT EXISTS requests_instance_tokens ON requests (instance_id, engine_prompt_tokens, completion_tokens);
 CREATE TABLE IF NOT EXISTS daily (
     api_key_id TEXT NOT NULL, day TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,
     prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
-    billed_micro INTEGER NOT NULL, PRIMARY KEY (api_key_id, day, model));
+    billed_micro INTEGER NOT NULL, cost_pico_usd INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (api_key_id, day, model));
 """
 _INSERT = (f"INSERT OR IGNORE INTO requests ({', '.join(_COLUMNS)}) "
            f"VALUES ({', '.join('?' * len(_COLUMNS))})")
 _UPSERT_DAILY = """
-INSERT INTO daily VALUES (?, ?, ?, 1, ?, ?, ?, ?) ON CONFLICT (api_key_id, day, model) DO UPDATE SET
+INSERT INTO daily (api_key_id, day, model, requests, prompt_tokens, cached_tokens, completion_tokens, billed_micro,
+    cost_pico_usd) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?) ON CONFLICT (api_key_id, day, model) DO UPDATE SET
     requests = requests + 1, prompt_tokens = prompt_tokens + excluded.prompt_tokens,
     cached_tokens = cached_tokens + excluded.cached_tokens,
     completion_tokens = completion_tokens + excluded.completion_tokens,
-    billed_micro = billed_micro + excluded.billed_micro"""
+    billed_micro = billed_micro + excluded.billed_micro, cost_pico_usd = cost_pico_usd + excluded.cost_pico_usd"""
 
 
 # Columns added after the first release: (name, SQL type). A ledger file from before gets them (NULL for old rows).
-_ADDED_COLUMNS = (("conversation_id", "TEXT"), ("reuse_ratio", "REAL"))
+_ADDED_COLUMNS = (("conversation_id", "TEXT"), ("reuse_ratio", "REAL"), ("cost_pico_usd", "INTEGER NOT NULL DEFAULT 0"))
+_ADDED_DAILY_COLUMNS = (("cost_pico_usd", "INTEGER NOT NULL DEFAULT 0"),)
 
 
 def _migrate(db: sqlite3.Connection) -> None:
@@ -331,6 +337,10 @@ def _migrate(db: sqlite3.Connection) -> None:
     for name, kind in _ADDED_COLUMNS:
         if name not in present:
             db.execute(f"ALTER TABLE requests ADD COLUMN {name} {kind}")
+    present = {row[1] for row in db.execute("PRAGMA table_info(daily)")}
+    for name, kind in _ADDED_DAILY_COLUMNS:
+        if name not in present:
+            db.execute(f"ALTER TABLE daily ADD COLUMN {name} {kind}")
 
 
 def _row_to_record(row: sqlite3.Row | tuple) -> LedgerRecord:
@@ -367,7 +377,8 @@ class SqliteLedgerStore:
                 new = db.execute(_INSERT, [getattr(r, c) for c in _COLUMNS]).rowcount == 1
                 if new and not r.probe:
                     db.execute(_UPSERT_DAILY, (r.api_key_id or "", r.day, r.model, r.prompt_tokens,
-                                               r.cached_tokens, r.completion_tokens, r.billed_total_micro))
+                                               r.cached_tokens, r.completion_tokens, r.billed_total_micro,
+                                               r.cost_pico_usd))
                 out.append(new)
         return out
 
@@ -400,7 +411,7 @@ class SqliteLedgerStore:
         for status, n, *sums in self._query(
                 "SELECT status, COUNT(*), SUM(prompt_tokens), SUM(engine_prompt_tokens), SUM(cached_tokens), "
                 "SUM(completion_tokens), SUM(reasoning_tokens), SUM(billed_prompt_micro + "
-                f"billed_completion_micro) FROM requests{where} GROUP BY status", args):
+                f"billed_completion_micro), SUM(cost_pico_usd) FROM requests{where} GROUP BY status", args):
             out["by_status"][status] = n
             out["requests"] += n
             for f, v in zip(TOTAL_FIELDS[1:], sums):
@@ -435,17 +446,17 @@ class SqliteLedgerStore:
 # ------------------------------------------------------------------------------------------------ Redis
 # ARGV: prefix, then per record: id, json, finished_at, instance, api_key ('' = none), day, model, status,
 # daily hash name (``qve:daily:<day>:<key>:<model>``, ':' and '%' in key/model percent-encoded), prompt,
-# engine_prompt, cached, completion, reasoning, billed_micro. Returns one 0/1 per record.
+# engine_prompt, cached, completion, reasoning, billed_micro, cost_pico_usd. Returns one 0/1 per record.
 # The shebang makes Redis check OOM before the script starts, so a batch is applied entirely or not at all.
 _LUA = """#!lua
 local p = ARGV[1]
 local out = {}
-for i = 2, #ARGV, 15 do
+for i = 2, #ARGV, 16 do
   local id = ARGV[i]
   if redis.call('SET', p .. 'req:' .. id, ARGV[i + 1], 'NX') then
     local inst, key, day, model, status = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
-    local d, prompt, engine, cached, compl, reason, billed =
-      ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14]
+    local d, prompt, engine, cached, compl, reason, billed, cost =
+      ARGV[i + 8], ARGV[i + 9], ARGV[i + 10], ARGV[i + 11], ARGV[i + 12], ARGV[i + 13], ARGV[i + 14], ARGV[i + 15]
     redis.call('ZADD', p .. 'by_finished', ARGV[i + 2], id)
     if d ~= '' then  -- '' for health probes: not in the daily aggregates
       redis.call('HSET', d, 'api_key_id', key, 'day', day, 'model', model)
@@ -454,6 +465,7 @@ for i = 2, #ARGV, 15 do
       redis.call('HINCRBY', d, 'cached_tokens', cached)
       redis.call('HINCRBY', d, 'completion_tokens', compl)
       redis.call('HINCRBY', d, 'billed_micro', billed)
+      redis.call('HINCRBY', d, 'cost_pico_usd', cost)
       redis.call('SADD', p .. 'dailies', d)
     end
     local t = p .. 'totals:' .. inst
@@ -464,6 +476,7 @@ for i = 2, #ARGV, 15 do
     redis.call('HINCRBY', t, 'completion_tokens', compl)
     redis.call('HINCRBY', t, 'reasoning_tokens', reason)
     redis.call('HINCRBY', t, 'billed_micro', billed)
+    redis.call('HINCRBY', t, 'cost_pico_usd', cost)
     redis.call('HINCRBY', t, 'status:' .. status, 1)
     redis.call('SADD', p .. 'instances', inst)
     out[#out + 1] = 1
@@ -503,7 +516,7 @@ class RedisLedgerStore:
                      r.instance_id, r.api_key_id or "", r.day, r.model, r.status,
                      "" if r.probe else self._daily_key(r),
                      r.prompt_tokens, r.engine_prompt_tokens, r.cached_tokens, r.completion_tokens, r.reasoning_tokens,
-                     r.billed_total_micro]
+                     r.billed_total_micro, r.cost_pico_usd]
         if not records:
             return []
         return [bool(x) for x in self._script(args=args)]
@@ -560,7 +573,7 @@ class RedisLedgerStore:
         for row in self._daily_rows():
             if row["api_key_id"] == (api_key_id or "") and row["day"] == day:
                 for f in DAILY_FIELDS:
-                    out[f] += int(row[f])
+                    out[f] += int(row.get(f) or 0)
         return out
 
     def close(self) -> None:

@@ -47,10 +47,11 @@ def _status(totals: RequestTotals, http_status: int, disconnected: bool) -> str:
 
 
 class UsageLedgerMiddleware:
-    def __init__(self, app, writer, policy, instance_id: str, on_record=None, on_commit=None):
+    def __init__(self, app, writer, policy, instance_id: str, on_record=None, on_commit=None, prices=None):
         self.app = app
         self.writer = writer
         self.policy = policy
+        self.prices = prices  # qwen_v3_calculator.billing.Prices or None: the record's cost_pico_usd
         self.instance_id = instance_id
         self.on_record = on_record  # callback(record, request body) for metrics and the access log
         self.on_commit = on_commit  # callback(seconds waited for the durable commit)
@@ -158,8 +159,10 @@ class UsageLedgerMiddleware:
         if final_usage is not None and getattr(final_usage, "completion_tokens_details", None) is not None:
             reasoning = totals.reasoning_tokens
         billed_prompt = billed_prompt_tokens(totals.prompt_tokens, totals.engine_prompt_tokens)
-        bill = self.policy.bill(billed_prompt, totals.completion_tokens,
-                                cached_tokens=min(totals.cached_tokens, billed_prompt))
+        cached = min(totals.cached_tokens, billed_prompt)
+        bill = self.policy.bill(billed_prompt, totals.completion_tokens, cached_tokens=cached)
+        cost = 0 if self.prices is None else self.prices.cost_pico(billed_prompt, totals.completion_tokens, cached,
+                                                                   policy=self.policy)
         request = find_request_context(scope)
         model = body.get("model") if isinstance(body.get("model"), str) else ""
         # a request that names no model is served by the default one: the gateway says which
@@ -191,6 +194,7 @@ class UsageLedgerMiddleware:
             api_key_id=request.api_key_id if request is not None else None,
             conversation_id=conversation,
             reuse_ratio=reuse_ratio,
+            cost_pico_usd=cost,
         )
 
 

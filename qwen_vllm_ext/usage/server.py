@@ -55,7 +55,7 @@ def attach(app, settings) -> None:
             access_log.log(record, body)
 
     app.add_middleware(UsageLedgerMiddleware, writer=writer, policy=get_policy(settings.billing_policy),
-                       instance_id=instance_id(), on_record=on_record,
+                       prices=settings.prices(), instance_id=instance_id(), on_record=on_record,
                        on_commit=metrics()["write"].observe)
     server_context(app).ledger_store = store
     logger.info("qwen-vllm-ext: usage ledger on %s (%s)", where.backend, safe_url(where.target))

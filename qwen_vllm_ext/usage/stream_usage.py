@@ -32,17 +32,29 @@ PATCH_TARGETS = {
 }
 
 
-def billing_fields(policy, usage: dict) -> dict:
-    """The ``usage.billing`` object for a (cumulative) usage dict."""
+def billing_fields(policy, usage: dict, prices=None) -> dict:
+    """The ``usage.billing`` object for a (cumulative) usage dict; with prices, also ``cost_usd`` (exact string)."""
+    from qwen_v3_calculator.billing import plain
     from qwen_v3_calculator.calculator import to_jsonable
 
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") or 0
-    bill = policy.bill(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cached_tokens=cached)
-    return to_jsonable(bill)
+    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    bill = to_jsonable(policy.bill(prompt, completion, cached_tokens=cached))
+    if prices is not None:
+        bill["cost_usd"] = plain(prices.cost(prompt, completion, cached, policy=policy))
+    return bill
 
 
-def rewrite_sse(event: str, cached_tokens, policy, reasoning=None) -> str:
+def add_cost(usage: dict, policy, prices) -> None:
+    """``usage.billing`` and, with prices, ``usage.cost``: USD as a JSON number, as OpenRouter reports it to its
+    clients (a decimal of at most 17 significant digits, so its shortest float text is the exact amount)."""
+    usage["billing"] = billing_fields(policy, usage, prices)
+    if prices is not None:
+        usage["cost"] = float(usage["billing"]["cost_usd"])
+
+
+def rewrite_sse(event: str, cached_tokens, policy, reasoning=None, prices=None) -> str:
     """Add cached tokens and billing to the ``usage`` of one ``data: {...}\\n\\n`` event (others unchanged).
 
     ``cached_tokens``: an int, None (leave as is) or a callable ``chunk -> int | None`` for endpoints whose
@@ -70,7 +82,7 @@ def rewrite_sse(event: str, cached_tokens, policy, reasoning=None) -> str:
         if count is not None:
             details["reasoning_tokens"] = count
     if policy is not None:
-        usage["billing"] = billing_fields(policy, usage)
+        add_cost(usage, policy, prices)
     return "data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) + "\n\n"
 
 
@@ -85,6 +97,7 @@ def install(settings) -> bool:
     if getattr(chat_serving, _MARK, False):
         return True
     policy = get_policy(settings.billing_policy)
+    prices = settings.prices()
 
     def force_usage(stream_options, enable_force_include_usage):
         return True, True
@@ -125,7 +138,7 @@ def install(settings) -> bool:
             return counter.at(sent) if isinstance(sent, int) else counter.count
 
         async for event in original_chat(self, request, tap(), *args, **kwargs):
-            yield rewrite_sse(event, seen.get("cached"), policy, reasoning_for)
+            yield rewrite_sse(event, seen.get("cached"), policy, reasoning_for, prices)
 
     completion_cls = completion_serving.OpenAIServingCompletion
     original_completion = completion_cls.completion_stream_generator
@@ -149,7 +162,7 @@ def install(settings) -> bool:
             return cached_by_prompt.get(choices[0].get("index", 0) // samples)
 
         async for event in original_completion(self, request, engine_inputs, tap(), *args, **kwargs):
-            yield rewrite_sse(event, cached_for, policy)
+            yield rewrite_sse(event, cached_for, policy, prices=prices)
 
     chat_cls.chat_completion_stream_generator = chat_stream
     completion_cls.completion_stream_generator = completion_stream

@@ -4,6 +4,7 @@ from __future__ import annotations
 import calendar
 import collections
 import csv
+from decimal import Decimal
 import io
 import json
 import multiprocessing
@@ -39,7 +40,8 @@ def make(rid: str, i: int = 0, **kw) -> LedgerRecord:
                 billed_prompt_micro=(prompt - cached) * 1_000_000 + cached * 100_000,
                 billed_completion_micro=completion * 1_350_000,
                 received_at=DAY0 + i * 97.3, finished_at=DAY0 + i * 97.3 + 1.25, ttft_s=0.05 if i % 3 else None,
-                latency_s=1.25, streamed=bool(i % 2), api_key_id=KEYS[i % 4])
+                latency_s=1.25, streamed=bool(i % 2), api_key_id=KEYS[i % 4],
+                cost_pico_usd=(prompt - cached) * 150_000 + cached * 75_000 + completion * 600_000)  # $0.15/0.075/0.6 per M
     data.update(kw)
     return LedgerRecord(**data)
 
@@ -77,6 +79,7 @@ def expected_totals(records):
     for f in ("prompt_tokens", "engine_prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens"):
         out[f] = sum(getattr(r, f) for r in records)
     out["billed_micro"] = sum(r.billed_total_micro for r in records)
+    out["cost_pico_usd"] = sum(r.cost_pico_usd for r in records)
     for r in records:
         out["by_status"][r.status] += 1
     return out
@@ -143,7 +146,8 @@ def test_daily_aggregates_exact(store):
                 "requests": len(mine), "prompt_tokens": sum(r.prompt_tokens for r in mine),
                 "cached_tokens": sum(r.cached_tokens for r in mine),
                 "completion_tokens": sum(r.completion_tokens for r in mine),
-                "billed_micro": sum(r.billed_total_micro for r in mine)}
+                "billed_micro": sum(r.billed_total_micro for r in mine),
+                "cost_pico_usd": sum(r.cost_pico_usd for r in mine)}
     assert store.daily("nobody", days[0]) == dict.fromkeys(store.daily("nobody", days[0]), 0)
     # the exact figure, where summing floats (INCRBYFLOAT) would drift
     exact = sum(r.billed_total_micro for r in recs)
@@ -170,9 +174,9 @@ def _report(by, recs):
     out = {}
     for r in recs:
         g = out.setdefault(field(r), {by: field(r), "requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
-                                      "completion_tokens": 0, "billed_micro": 0})
+                                      "completion_tokens": 0, "billed_micro": 0, "cost_pico_usd": 0})
         g["requests"] += 1
-        for f in ("prompt_tokens", "cached_tokens", "completion_tokens"):
+        for f in ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_pico_usd"):
             g[f] += getattr(r, f)
         g["billed_micro"] += r.billed_total_micro
     return [out[k] for k in sorted(out)]
@@ -420,12 +424,14 @@ def test_cli_report(target, store, capsys):
 
     assert cli.main(["report", *where]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["key", "requests", "prompt_tokens", "cached_tokens", "completion_tokens", "billed"]
+    assert table[0].split() == ["key", "requests", "prompt_tokens", "cached_tokens", "completion_tokens", "billed",
+                                "cost_usd"]
     assert [line.split()[0] for line in table[2:-2]] == ["-", "key-a", "key-b", "key:c"]
     total_billed = sum(r.billed_total_micro for r in recs)
     assert table[-1].split() == ["TOTAL", "40", *(str(sum(getattr(r, f) for r in recs)) for f in
                                  ("prompt_tokens", "cached_tokens", "completion_tokens")),
-                                 f"{total_billed // 10**6}.{total_billed % 10**6:06d}"]
+                                 f"{total_billed // 10**6}.{total_billed % 10**6:06d}",
+                                 str(round(Decimal(sum(r.cost_pico_usd for r in recs)) / 10**12, 6))]
     assert len({len(line) for line in table}) == 1                     # aligned columns
 
     assert cli.main(["report", "--by", "model", "--json", *where]) == 0
@@ -435,7 +441,7 @@ def test_cli_report(target, store, capsys):
     assert cli.main(["report", "--by", "day", "--csv", "--since", "2025-03-01T00:30:00", *where]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     want = _report("day", [r for r in recs if r.finished_at >= DAY0 + 1800])
-    assert [{k: int(v) for k, v in row.items() if k not in ("day", "billed")} for row in rows] == \
+    assert [{k: int(v) for k, v in row.items() if k not in ("day", "billed", "cost_usd")} for row in rows] == \
            [{k: v for k, v in w.items() if k != "day"} for w in want]
 
     assert cli.main(["report", "--days", "1", *where]) == 0            # 2025 is long gone: empty, totals 0
