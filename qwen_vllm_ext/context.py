@@ -26,6 +26,9 @@ class ServerContext:
     served_model: str | None = None  # the first served model name (vLLM's default model)
     admission: Any = None  # gateway.admission.Served: what the gateway's admission needs (gateway on)
     ledger_store: Any = None  # usage.ledger store (ledger on): the spike breaker reads baselines from it
+    listing: Any = None  # provider.listing.ModelFacts per served model (openrouter on)
+    prices: Any = None  # qwen_v3_calculator.billing.Prices (openrouter on)
+    capacity: Any = None  # gateway.capacity.Backlog (max_queue_wait_s > 0)
 
 
 def server_context(app_or_state) -> ServerContext:

@@ -196,6 +196,8 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     block_size = user_ns.block_size if "block_size" in given else profile.vllm.get("block-size")
     final += family.parser_flags(fam, given) + family.hybrid_flags(fam, given, prefix_caching, block_size)
     final += kv_flags(settings, profile, model, given, print_only=ours.print_command, announce=export)
+    if settings.openrouter and "enable_prompt_tokens_details" not in given:
+        final.append("--enable-prompt-tokens-details")  # cached_tokens in every usage, as the aggregator bills them
     args = parser.parse_args(final)
     if args.model_tag is not None:
         args.model = args.model_tag
@@ -208,13 +210,25 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     if settings.idle_sleep_s > 0 and (getattr(args, "api_server_count", None) or 1) > 1:
         raise LaunchError("idle_sleep_s needs a single API-server process (each one would run its own idle timer "
                           "against the shared engine): drop --api-server-count or set idle_sleep_s=0")
-    problem = shared_state_problem(settings)
+    problem = shared_state_problem(settings) or provider_problem(settings)
     if problem:
         raise LaunchError(problem)
     if settings.gateway and getattr(args, "api_key", None):
         raise LaunchError("--api-key and the gateway both authenticate: vLLM's check runs first and would reject "
                           "gateway keys. Use gateway keys (`python -m qwen_vllm_ext.keys create`) or drop the gateway")
     return args, final, env_updates, profile, settings
+
+
+def provider_problem(settings) -> str | None:
+    """Settings the provider features cannot run with, found before the model loads (the API server re-checks the
+    listing against the engine: ``qwen_vllm_ext.provider.vllm_facts``)."""
+    if settings.max_queue_wait_s > 0 and not settings.gateway:
+        return ("setting 'max_queue_wait_s' (capacity 429s) needs the gateway (--qwen-gateway true): the queue is "
+                "counted in the exact prompt tokens its admission counts")
+    if settings.openrouter and settings.prices() is None:
+        return ("settings 'price_prompt' / 'price_completion': openrouter=true publishes prices and none is set; set "
+                "them in USD per million tokens ('0' for a free model)")
+    return None
 
 
 def launch_record(profile, gpus) -> str:

@@ -139,7 +139,8 @@ class GatewayMiddleware:
             return await reject(send, rej, path)
         request = request_context(scope)
         request.api_key_id = key.key_id
-        served = server_context(scope["app"]).admission  # the served model's calculator, context, names
+        server = server_context(scope["app"])
+        served = server.admission  # the served model's calculator, context, names
         kind = GENERATION_PATHS.get(path)
         if kind is None:
             if scope.get("method") == "GET" and path == MODELS_PATH and key.models:
@@ -157,6 +158,15 @@ class GatewayMiddleware:
             except Rejection as rej:
                 return await reject(send, rej, path, key.key_id)
             return await self.app(scope, _replay(raw, receive), send)
+        capacity = server.capacity  # max_queue_wait_s > 0: refuse what would wait too long, before any work
+        if capacity is not None:
+            verdict = capacity.verdict()
+            if verdict is not None:
+                retry, wait = verdict
+                return await reject(send, Rejection(
+                    429, "capacity_exceeded", f"the server is at capacity: a request now would wait about {wait:.0f} s "
+                    f"in the engine's queue (this server's bound: {capacity.max_wait_s:g} s); retry after {retry} s or "
+                    "send it elsewhere", type_="requests", headers={"retry-after": str(retry)}), path, key.key_id)
         try:
             raw = await self._read_body(receive)
             inline = len(raw) <= INLINE_BODY_BYTES  # microseconds: a thread hop would cost more under load
@@ -181,6 +191,8 @@ class GatewayMiddleware:
         extra = {**held["headers"], PROMPT_TOKENS_HEADER: str(admission.prompt_tokens),
                  RESERVED_TOKENS_HEADER: str(admission.cost), OVERHEAD_HEADER.decode(): f"{overhead_s * 1000:.3f}"}
         request.on_usage.append(lambda record: self._reconcile(held, record))
+        if capacity is not None:
+            request.on_usage.append(lambda record: capacity.finished(record.engine_prompt_tokens))
         renew = asyncio.get_running_loop().create_task(self._renew_slot(held)) if held["slot"] else None
 
         replay_receive = _replay(body, receive)

@@ -53,3 +53,10 @@ def init_state(engine_client, state, args) -> None:
         template_defaults=dict(getattr(args, "default_chat_template_kwargs", None) or {}),
         exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none", False)),
     )
+    if ctx.settings.max_queue_wait_s > 0:
+        from ..observability import catalog
+        from .capacity import Backlog
+
+        gauge = catalog.gauge("qwen_ext_expected_queue_wait_seconds")
+        ctx.capacity = Backlog(ctx.settings.max_queue_wait_s, vllm_requests.queued_tokens(engine_client),
+                               on_wait=gauge.set)

@@ -9,6 +9,8 @@
   are merged into the leading one (``_merge_inline_system``, probed from the chat template) and which
   ``reasoning_effort`` ``thinking: {"type": "disabled"}`` maps to (``_get_disabled_thinking_effort``, probed once
   by rendering). Both are read from the live serving object on ``app.state``.
+* :func:`queued_tokens` -- the engine client's ``get_num_queued_tokens`` (prompt tokens of this API server's requests
+  that have not produced their first output): the backlog of capacity 429s.
 """
 from __future__ import annotations
 
@@ -17,7 +19,13 @@ from .admission import Rejection
 SERVING_STATE = "anthropic_serving_messages"  # app.state attribute vLLM's api_router reads
 TARGETS = ("vllm.entrypoints.anthropic.serving.AnthropicServingMessages.to_chat_completion_request",
            "vllm.entrypoints.anthropic.serving.AnthropicServingMessages._get_disabled_thinking_effort",
-           "vllm.entrypoints.anthropic.serving.AnthropicServingMessages._merge_inline_system")
+           "vllm.entrypoints.anthropic.serving.AnthropicServingMessages._merge_inline_system",
+           "vllm.v1.engine.async_llm.AsyncLLM.get_num_queued_tokens")
+
+
+def queued_tokens(engine_client):
+    """A zero-argument reader of the engine's backlog in prompt tokens."""
+    return engine_client.get_num_queued_tokens
 
 
 def request_fields() -> dict[str, frozenset]:

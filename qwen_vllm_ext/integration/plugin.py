@@ -129,6 +129,10 @@ class EndpointPlugin:
             from ..gateway import server as gateway_server
 
             gateway_server.init_state(engine_client, state, args)
+        if engine_client is not None and ctx.settings.openrouter:
+            from ..provider import server as provider_server
+
+            provider_server.init_state(engine_client, state, args)
         from ..kv import server as kv_server
 
         await kv_server.init_state(engine_client, state, ctx.settings, args)

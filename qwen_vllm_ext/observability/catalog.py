@@ -110,6 +110,11 @@ METRICS: tuple[Metric, ...] = (
            ("store",), "qwen_vllm_ext.observability.stores", multiprocess_mode="min"),
     Metric("qwen_ext_keys_suspended", "counter", "API keys suspended by the spike breaker", (),
            "qwen_vllm_ext.gateway.server"),
+    Metric("qwen_ext_sse_keepalives", "counter", "SSE keep-alive comments sent on idle streamed responses", (),
+           "qwen_vllm_ext.provider.server"),
+    Metric("qwen_ext_expected_queue_wait_seconds", "gauge",
+           "Expected queue wait of a new request (capacity 429s): prompt tokens admitted and not yet started over "
+           "the measured start rate", (), "qwen_vllm_ext.gateway.capacity", multiprocess_mode="max"),
     # engine idle sleep
     Metric("qwen_ext_engine_sleeps", "counter", "Times the idle engine was put to sleep", (), _K),
     Metric("qwen_ext_engine_wakes", "counter", "Times a request woke the sleeping engine", (), _K),
