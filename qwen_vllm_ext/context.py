@@ -60,6 +60,13 @@ class RequestContext:
     api_key_id: str | None = None  # the gateway's authenticated key
     model: str | None = None  # the model the engine serves the request with (the default when none is named)
     on_usage: list[Callable[[Any], None]] = dataclasses.field(default_factory=list)  # called with the ledger record
+    # called once when vLLM adds the request's first engine request (or when it ends without reaching the engine)
+    on_engine_start: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+
+    def engine_started(self) -> None:
+        callbacks, self.on_engine_start = self.on_engine_start, []
+        for callback in callbacks:
+            callback()
 
 
 def request_context(scope: MutableMapping) -> RequestContext:

@@ -16,7 +16,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from decimal import Decimal
 from typing import Any
+
+from qwen_v3_calculator.billing import PICO
 
 WINDOW_S = 60.0
 
@@ -183,8 +186,10 @@ def _usage_tuple(u: dict) -> tuple[int, int, int]:
 
 
 def accounting_findings(r: RequestRecord, ledger_record: dict | None = None, check_ledger: bool = False,
-                        expect_chunk_usage: bool = True) -> list[dict]:
-    """Mismatches of one successful request (empty list: everything agrees)."""
+                        expect_chunk_usage: bool = True, prices=None) -> list[dict]:
+    """Mismatches of one successful request (empty list: everything agrees). ``prices``
+    (``qwen_v3_calculator.billing.Prices``, as the server's listing publishes them): the ledger's cost must be the
+    usage at those prices, exactly, and the final usage's ``cost`` the same amount."""
     if not r.ok:
         return []
     out = []
@@ -233,6 +238,13 @@ def accounting_findings(r: RequestRecord, ledger_record: dict | None = None, che
                     bad(f"ledger_{field}", want, ledger_record.get(field), "ledger record vs response usage")
             if ledger_record.get("status") not in ("stop", "length"):
                 bad("ledger_status", "stop|length", ledger_record.get("status"))
+            if prices is not None:
+                want = prices.cost_pico(p, c, cached)  # the check runs under a flat policy: exact, no rounding
+                if ledger_record.get("cost_pico_usd") != want:
+                    bad("ledger_cost", want, ledger_record.get("cost_pico_usd"), "ledger cost (pico-USD) vs usage x "
+                        "listed prices")
+                if u.get("cost") is None or Decimal(repr(u["cost"])) * PICO != want:
+                    bad("usage_cost", want, u.get("cost"), "final usage cost (USD) vs usage x listed prices")
     return out
 
 
@@ -324,17 +336,18 @@ def overshoot(records: list[RequestRecord], window_s: float = WINDOW_S) -> dict[
 
 
 def analyse(records: list[RequestRecord], slos: dict | None = None, ledger: dict | None = None,
-            check_ledger: bool = False, expect_chunk_usage: bool = True) -> dict[str, Any]:
+            check_ledger: bool = False, expect_chunk_usage: bool = True, prices=None) -> dict[str, Any]:
     """The whole report as one JSON-able dict. ``ledger``: request id → ledger record dict."""
     mismatches = []
     for r in records:
         rec = (ledger or {}).get(r.request_id) if r.request_id else None
-        mismatches.extend(accounting_findings(r, rec, check_ledger, expect_chunk_usage))
+        mismatches.extend(accounting_findings(r, rec, check_ledger, expect_chunk_usage, prices))
     return {
         "latency": latency_metrics(records),
         "throughput": throughput(records, slos),
         "errors": errors(records),
         "accounting": {"checked_requests": sum(1 for r in records if r.ok), "ledger_checked": check_ledger,
+                       "prices_checked": prices is not None,
                        "mismatches": mismatches},
         "header_honesty": header_honesty(records),
         "timeline": throughput_timeline(records),

@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("checks and output")
     o.add_argument("--ledger", default=None,
                    help="ledger to check records against: a SQLite file (…/ledger.sqlite3) or redis:// URL")
+    o.add_argument("--check-prices", action="store_true",
+                   help="with --ledger: each record's cost must equal its usage x the prices the server publishes "
+                        "(GET /v1/models?format=openrouter-legacy; the server runs with openrouter=true)")
     o.add_argument("--slo-ttft-ms", type=float, default=None)
     o.add_argument("--slo-tpot-ms", type=float, default=None)
     o.add_argument("--slo-e2e-ms", type=float, default=None)
@@ -121,6 +124,23 @@ def server_max_model_len(base_url: str, model: str, api_key: str | None) -> int 
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
     return None
+
+
+def listed_prices(base_url: str, model: str, api_key: str | None):
+    """The prices the server's OpenRouter listing publishes for ``model`` (``qwen_v3_calculator.billing.Prices``)."""
+    import httpx
+
+    from ..provider.listing import prices_of
+
+    base = base_url.rstrip("/")
+    base = base[:-3] if base.endswith("/v1") else base
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.get(base + "/v1/models", params={"format": "openrouter-legacy"}, headers=headers, timeout=30)
+    r.raise_for_status()
+    for m in r.json().get("data", []):
+        if m.get("id") == model:
+            return prices_of(m)
+    raise LookupError(f"model {model!r} is not in the server's OpenRouter listing")
 
 
 # Templates differ on earlier assistant turns (qwen3/qwen3.5 drop their think block, the reuse ones keep an empty
@@ -382,11 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     records = asyncio.run(storm.run())
     slos = {k: v / 1000.0 for k, v in (("ttft_s", args.slo_ttft_ms), ("tpot_s", args.slo_tpot_ms),
                                       ("e2e_s", args.slo_e2e_ms)) if v is not None}
+    prices = listed_prices(args.base_url, args.model, args.api_key) if args.check_prices else None
     ledger = None
     if args.ledger:
         ledger = read_ledger(args.ledger, [r.request_id for r in records if r.ok and r.request_id])
     rep = analysis.analyse(records, slos, ledger, check_ledger=bool(args.ledger),
-                           expect_chunk_usage=args.chunk_usage)
+                           expect_chunk_usage=args.chunk_usage, prices=prices)
     rep["run"] = {"started_at": started, "argv": sys.argv[1:] if argv is None else list(argv),
                   "base_url": args.base_url, "model": args.model, "endpoint": args.endpoint,
                   "distribution": args.distribution, "max_model_len": args.max_model_len,

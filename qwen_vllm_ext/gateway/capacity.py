@@ -5,7 +5,8 @@ The aggregator's provider guide asks for "early 429s if under load, rather than 
 429s apart from the errors its uptime counts. Expected wait of a new request = the backlog / the drain rate:
 
 * backlog -- prompt tokens of this API server's engine requests that have not produced their first output (vLLM's
-  own ``get_num_queued_tokens()``: the requests in prefill, queued or running), read at admission;
+  own ``get_num_queued_tokens()``: the requests in prefill, queued or running), read at admission, plus the prompt
+  tokens of requests admitted here that vLLM has not added yet (rendering, tokenizing: a burst arrives all at once);
 * drain rate -- prompt tokens the engine finished per second of *busy* time (time during which the backlog was not
   empty), measured over a sliding window from the ledger's records of this process (``engine_prompt_tokens``). Both
   sides count whole prompts, cached tokens included, so the prefix cache's share cancels out.
@@ -60,9 +61,26 @@ class Backlog:
         self.queued_tokens = queued_tokens  # () -> int: vLLM's backlog, read at each admission
         self.rate = rate or DrainRate()
         self.on_wait = on_wait  # (expected wait seconds) -> None: the gauge
+        self.pending = 0  # prompt tokens admitted and not yet added to the engine
+
+    def backlog(self) -> int:
+        return int(self.queued_tokens()) + self.pending
+
+    def admitted(self, prompt_tokens: int):
+        """An admitted request on its way to the engine; call the returned function once vLLM has added it."""
+        self.pending += prompt_tokens
+        done = False
+
+        def started() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.pending -= prompt_tokens
+
+        return started
 
     def expected_wait(self) -> tuple[float | None, int]:
-        backlog = int(self.queued_tokens())
+        backlog = self.backlog()
         self.rate.observe(backlog)
         rate = self.rate.rate()
         wait = None if rate is None else backlog / rate
@@ -79,4 +97,4 @@ class Backlog:
 
     def finished(self, engine_prompt_tokens: int) -> None:
         """A request's ledger record: its prompt tokens left the queue."""
-        self.rate.observe(int(self.queued_tokens()), engine_prompt_tokens)
+        self.rate.observe(self.backlog(), engine_prompt_tokens)

@@ -164,7 +164,7 @@ class GatewayMiddleware:
             if verdict is not None:
                 retry, wait = verdict
                 return await reject(send, Rejection(
-                    429, "capacity_exceeded", f"the server is at capacity: a request now would wait about {wait:.0f} s "
+                    429, "capacity_exceeded", f"the server is at capacity: a request now would wait about {wait:.1f} s "
                     f"in the engine's queue (this server's bound: {capacity.max_wait_s:g} s); retry after {retry} s or "
                     "send it elsewhere", type_="requests", headers={"retry-after": str(retry)}), path, key.key_id)
         try:
@@ -192,6 +192,7 @@ class GatewayMiddleware:
                  RESERVED_TOKENS_HEADER: str(admission.cost), OVERHEAD_HEADER.decode(): f"{overhead_s * 1000:.3f}"}
         request.on_usage.append(lambda record: self._reconcile(held, record))
         if capacity is not None:
+            request.on_engine_start.append(capacity.admitted(admission.prompt_tokens))
             request.on_usage.append(lambda record: capacity.finished(record.engine_prompt_tokens))
         renew = asyncio.get_running_loop().create_task(self._renew_slot(held)) if held["slot"] else None
 

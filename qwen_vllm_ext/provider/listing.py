@@ -152,6 +152,15 @@ def listing(models: list[ModelFacts], prices: Prices, fmt: str) -> dict:
     return {"data": [build(m, prices) for m in models]}
 
 
+def prices_of(legacy: dict) -> Prices:
+    """The prices of one legacy-format entry (what a client of the listing bills with)."""
+    from decimal import Decimal
+
+    pricing = legacy["pricing"]
+    return Prices(Decimal(pricing["prompt"]), Decimal(pricing["completion"]), Decimal(pricing["input_cache_read"]),
+                  Decimal(pricing.get("request", "0")))
+
+
 # ---- what the engine runs -> what the listing may say --------------------------------------------------------
 _METHOD_QUANTIZATION = {  # vLLM quantization method -> the listing values it can be (bits decide among several)
     "fp8": ("fp8",), "fbgemm_fp8": ("fp8",), "ptpc_fp8": ("fp8",), "modelopt": ("fp8",), "modelopt_fp4": ("nvfp4",),

@@ -16,6 +16,7 @@ import asyncio
 import contextvars
 import dataclasses
 import time
+from collections.abc import Callable
 
 CURRENT_HTTP_REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("qwen_http_request", default=None)
 
@@ -147,11 +148,15 @@ class AccountBook:
         self._open: dict[str, int] = {}  # HTTP request key -> engine requests still running
         self._done: dict[str, list[EngineCounts]] = {}  # HTTP request key -> finished engine requests
         self._changed: asyncio.Event | None = None  # created lazily, on the running loop
+        self._on_open: dict[str, Callable[[], None]] = {}  # HTTP request key -> called at its first engine request
         self.retention_s = retention_s
 
     # ---- engine side (output processor hooks) ------------------------------------------------
     def engine_opened(self, key: str) -> None:
         self._open[key] = self._open.get(key, 0) + 1
+        callback = self._on_open.pop(key, None)
+        if callback is not None:
+            callback()
 
     def engine_finished(self, key: str, counts: EngineCounts) -> None:
         left = self._open.get(key, 0) - 1
@@ -164,6 +169,14 @@ class AccountBook:
             self._changed.set()
 
     # ---- HTTP side ------------------------------------------------------------------------------
+    def on_open(self, key: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the first engine request of ``key`` is added (see :meth:`forget_open`)."""
+        self._on_open[key] = callback
+
+    def forget_open(self, key: str) -> Callable[[], None] | None:
+        """The HTTP request ended: drop its callback if no engine request was ever added (and return it)."""
+        return self._on_open.pop(key, None)
+
     def pending(self, key: str) -> bool:
         return key in self._open
 

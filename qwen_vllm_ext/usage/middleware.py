@@ -24,7 +24,7 @@ import uuid
 
 from qwen_v3_calculator.billing import to_micro
 
-from ..context import find_request_context
+from ..context import find_request_context, request_context
 from ..kv.reuse import conversation_id, tracker as reuse_tracker
 from .accounting import BOOK, CURRENT_HTTP_REQUEST, RequestTotals
 from .ledger import LedgerRecord, LedgerWriteError, billed_prompt_tokens
@@ -101,6 +101,8 @@ class UsageLedgerMiddleware:
                 raise
 
         token = CURRENT_HTTP_REQUEST.set(state["key"])  # inherited by every task vLLM starts for this request
+        request = request_context(scope)
+        BOOK.on_open(state["key"], request.engine_started)  # the gateway's capacity backlog listens (context.py)
         try:
             await self.app(scope, wrapped_receive, wrapped_send)
         except BaseException:
@@ -109,6 +111,8 @@ class UsageLedgerMiddleware:
             raise
         finally:
             CURRENT_HTTP_REQUEST.reset(token)
+            if BOOK.forget_open(state["key"]) is not None:
+                request.engine_started()  # never reached the engine: nothing of it is queued any more
             self._in_flight.pop(engine_id, None)
             if not state["recorded"]:
                 # The request ended without a normal final message (client gone, error, cancellation): record
