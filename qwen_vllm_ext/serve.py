@@ -210,7 +210,7 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     if settings.idle_sleep_s > 0 and (getattr(args, "api_server_count", None) or 1) > 1:
         raise LaunchError("idle_sleep_s needs a single API-server process (each one would run its own idle timer "
                           "against the shared engine): drop --api-server-count or set idle_sleep_s=0")
-    problem = shared_state_problem(settings) or provider_problem(settings)
+    problem = shared_state_problem(settings) or provider_problem(settings, getattr(args, "max_model_len", None))
     if problem:
         raise LaunchError(problem)
     if settings.gateway and getattr(args, "api_key", None):
@@ -219,9 +219,12 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     return args, final, env_updates, profile, settings
 
 
-def provider_problem(settings) -> str | None:
+def provider_problem(settings, max_model_len=None) -> str | None:
     """Settings the provider features cannot run with, found before the model loads (the API server re-checks the
-    listing against the engine: ``qwen_vllm_ext.provider.vllm_facts``)."""
+    listing against the engine: ``qwen_vllm_ext.provider.vllm_facts``). ``max_model_len``: vLLM's flag, when given."""
+    if settings.openrouter and isinstance(max_model_len, int) and settings.listing_context_length > max_model_len:
+        return (f"setting 'listing_context_length': {settings.listing_context_length} is more than the engine's "
+                f"--max-model-len {max_model_len}; requests that long would be refused")
     if settings.max_queue_wait_s > 0 and not settings.gateway:
         return ("setting 'max_queue_wait_s' (capacity 429s) needs the gateway (--qwen-gateway true): the queue is "
                 "counted in the exact prompt tokens its admission counts")
