@@ -43,6 +43,7 @@ class Doctor:
         self.health: dict | None = None
         self.model: str | None = None
         self.metrics_text = ""
+        self.probe_usage: dict | None = None  # the final usage of the first probe stream
 
     # ---- helpers ---------------------------------------------------------------------------------------------
     def add(self, name: str, status: str, seen: str, fix: str = "") -> Check:
@@ -105,7 +106,7 @@ class Doctor:
         steps: list[Callable[[], bool | None]] = [self.check_reachable, self.check_plugin, self.check_versions,
                                                  self.check_prefix_caching, self.check_hardware, self.check_probe, self.check_reuse,
                                                  self.check_scheduler, self.check_gateway, self.check_admin,
-                                                 self.check_ledger]
+                                                 self.check_openrouter, self.check_ledger]
         for step in steps:
             try:
                 if step() is False:
@@ -237,6 +238,7 @@ class Doctor:
         content = [c for c in first["chunks"] if c.get("choices")]
         missing = [i for i, c in enumerate(content) if not c.get("usage")]
         final = first["usage"] or {}
+        self.probe_usage = final
         if missing or "billing" not in final or "cached_tokens" not in (final.get("prompt_tokens_details") or {}):
             self.add("usage on every chunk", "FAIL", f"{len(missing)} of {len(content)} chunks without usage; "
                      f"final usage keys {sorted(final)}", "per_chunk_usage=true (default) and the runtime patch active")
@@ -337,6 +339,74 @@ class Doctor:
         else:
             self.add("gateway: body checks", "FAIL", f"an invalid max_tokens got {badbody.status_code}",
                      "check the gateway's admission log")
+
+    def check_openrouter(self) -> None:
+        """openrouter=true: the listing (both formats) against the server's settings and engine, the usage fields of a
+        live response against the listing's prices, and the two settings the aggregator's guide asks for."""
+        import re
+        from decimal import Decimal
+
+        settings = self.settings()
+        if not settings.get("openrouter"):
+            return
+        engine = {m.get("id"): m for m in self.http.get("/v1/models", headers=self.headers()).json().get("data", [])}
+        problems, entries = [], {}
+        for fmt in ("openrouter", "openrouter-legacy"):
+            r = self.http.get("/v1/models", params={"format": fmt}, headers=self.headers())
+            data = r.json().get("data") if r.status_code == 200 else None
+            entry = next((m for m in data or [] if m.get("id") == self.model), None)
+            if entry is None:
+                problems.append(f"{fmt}: HTTP {r.status_code}, {self.model} not listed")
+            entries[fmt] = entry or {}
+        legacy, current = entries["openrouter-legacy"], entries["openrouter"]
+        pricing = legacy.get("pricing") or {}
+        for name, value in [*pricing.items(), *((p.get("type"), p.get("cost_usd")) for m in
+                                                (*current.get("input_modalities", []),
+                                                 *current.get("output_modalities", []), current)
+                                                for p in m.get("pricing", []))]:
+            if not isinstance(value, str) or not re.match(r"^\d+(\.\d+)?$", value):
+                problems.append(f"price {name}={value!r} is not a plain decimal string")
+        for listed, setting in (("prompt", "price_prompt"), ("completion", "price_completion")):
+            want = Decimal(settings.get(setting) or "0") / 10**6
+            if listed in pricing and Decimal(pricing[listed]) != want:
+                problems.append(f"listed {listed} {pricing[listed]} != setting {setting} {settings.get(setting)}/M")
+        max_len = (engine.get(self.model) or {}).get("max_model_len")
+        if legacy and max_len and legacy.get("context_length", 0) > max_len:
+            problems.append(f"listed context_length {legacy.get('context_length')} > the engine's {max_len}")
+        if problems:
+            self.add("openrouter: listing", "FAIL", "; ".join(problems[:3]),
+                     "see GET /v1/models?format=openrouter and the price_* / listing_* settings")
+            return
+        self.add("openrouter: listing", "PASS", f"both formats list {self.model}: prompt {pricing.get('prompt')}, "
+                 f"completion {pricing.get('completion')}, cache read {pricing.get('input_cache_read')} USD/token, "
+                 f"context {legacy.get('context_length')}, {legacy.get('quantization')}")
+        usage = self.probe_usage or {}
+        missing = [f for f, ok in (("prompt_tokens_details.cached_tokens",
+                                    "cached_tokens" in (usage.get("prompt_tokens_details") or {})),
+                                   ("completion_tokens_details.reasoning_tokens",
+                                    "reasoning_tokens" in (usage.get("completion_tokens_details") or {})
+                                    or "reasoning" not in legacy.get("supported_features", [])),
+                                   ("cost", "cost" in usage)) if not ok]
+        if missing or not usage:
+            self.add("openrouter: usage", "FAIL", f"the probe's final usage lacks {', '.join(missing) or 'usage'}",
+                     "per_chunk_usage=true and prices set (the launcher adds --enable-prompt-tokens-details)")
+        else:
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            uncached = usage["prompt_tokens"] - cached
+            expected = (uncached * Decimal(pricing["prompt"]) + cached * Decimal(pricing["input_cache_read"])
+                        + usage["completion_tokens"] * Decimal(pricing["completion"]) + Decimal(pricing["request"]))
+            if Decimal(repr(usage["cost"])) == expected:
+                self.add("openrouter: usage", "PASS", f"final usage carries cached and reasoning tokens and cost "
+                         f"{usage['cost']} USD = usage x listed prices")
+            else:
+                self.add("openrouter: usage", "FAIL", f"usage cost {usage['cost']} != usage x listed prices {expected}",
+                         "the listing and the ledger price differently: check the billing policy")
+        if not settings.get("sse_keepalive_s"):
+            self.add("openrouter: keep-alives", "WARN", "sse_keepalive_s=0: long silent streams (queue, prefill, "
+                     "reasoning) send nothing", "set sse_keepalive_s (e.g. 10): the aggregator may cancel idle streams")
+        if not settings.get("max_queue_wait_s"):
+            self.add("openrouter: early 429s", "WARN", "max_queue_wait_s=0: overload queues requests instead of "
+                     "answering 429", "set max_queue_wait_s (needs the gateway) so the aggregator can fail over")
 
     def check_admin(self) -> None:
         if not self.settings().get("gateway"):

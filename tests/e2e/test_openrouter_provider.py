@@ -280,3 +280,15 @@ def test_server_refuses_a_listing_that_does_not_describe_the_engine(tmp_path):
         server.stop()
     assert server.proc.returncode != 0
     assert "setting 'listing_quantization': the engine runs unquantized torch.float32 weights, which is not 'fp8'" in log
+
+
+# ---- 8. the doctor on a live provider -------------------------------------------------------------------------------
+def test_doctor_checks_the_listing_and_the_usage_fields(provider):
+    server, _, key, _ = provider
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.doctor", "--url", server.base_url, "--api-key", key,
+                           "--json"], capture_output=True, text=True, timeout=600)
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    assert checks["openrouter: listing"]["status"] == "PASS", checks["openrouter: listing"]
+    assert "0.00000015" in checks["openrouter: listing"]["seen"]
+    assert checks["openrouter: usage"]["status"] == "PASS", checks["openrouter: usage"]
+    assert "openrouter: keep-alives" not in checks and "openrouter: early 429s" not in checks  # both are set here
