@@ -137,6 +137,10 @@ CREATE TABLE requests (
     engine_prompt_tokens INTEGER NOT NULL, billed_prompt_micro INTEGER NOT NULL,
     billed_completion_micro INTEGER NOT NULL, received_at REAL NOT NULL, finished_at REAL NOT NULL,
     ttft_s REAL, latency_s REAL NOT NULL, streamed INTEGER NOT NULL, api_key_id TEXT);
+CREATE TABLE daily (
+    api_key_id TEXT NOT NULL, day TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
+    billed_micro INTEGER NOT NULL, PRIMARY KEY (api_key_id, day, model));
 """
 
 
@@ -159,9 +163,12 @@ def test_ledger_migrates_an_old_file_and_keeps_its_rows(tmp_path):
     store = SqliteLedgerStore(str(path))
     old = store.get("old")
     assert old.conversation_id is None and old.reuse_ratio is None and old.prompt_tokens == 10
-    assert store.write_batch([_record("new", conversation_id="conv-1", reuse_ratio=0.96875)]) == 1
+    assert old.cost_pico_usd == 0  # a record from before prices: no cost
+    assert store.write_batch([_record("new", conversation_id="conv-1", reuse_ratio=0.96875,
+                                      cost_pico_usd=123_456)]) == 1
     new = store.get("new")
-    assert (new.conversation_id, new.reuse_ratio) == ("conv-1", 0.96875)
+    assert (new.conversation_id, new.reuse_ratio, new.cost_pico_usd) == ("conv-1", 0.96875, 123_456)
+    assert store.daily(None, new.day)["cost_pico_usd"] == 123_456  # the old daily table got the column too
     store.close()
     # opening again (migration already done) changes nothing
     again = SqliteLedgerStore(str(path))

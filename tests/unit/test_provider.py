@@ -200,6 +200,24 @@ def test_backlog_verdict_and_retry_after():
     assert retry == 4 and wait == pytest.approx(3000 / backlog.rate.rate())
 
 
+def test_backlog_counts_admitted_requests_until_vllm_adds_them():
+    clock = Clock()
+    queued = {"n": 0}
+    backlog = Backlog(max_wait_s=2.0, queued_tokens=lambda: queued["n"], rate=DrainRate(clock=clock))
+    clock.t = 4.0
+    backlog.rate.observe(100)
+    clock.t = 8.0
+    backlog.finished(2000)  # 4 busy seconds: 500 tokens/s
+    started = [backlog.admitted(300) for _ in range(3)]  # a burst: admitted, not yet in vLLM's queue
+    assert backlog.backlog() == 900 and backlog.verdict() is None  # 1.8 s of work ahead: under the 2 s bound
+    backlog.admitted(300)
+    assert backlog.verdict() == (1, 2.4)  # 1,200 tokens ahead at 500/s: over the bound
+    for s in started:
+        s()
+        s()  # idempotent: the ledger middleware may fire it again at the end
+    assert backlog.pending == 300
+
+
 # ---- keep-alives ---------------------------------------------------------------------------------------------
 def _run(app, interval, method="POST"):
     sent = []

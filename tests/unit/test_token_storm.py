@@ -118,6 +118,26 @@ def test_latency_metrics_and_goodput():
     assert analysis.percentile([1, 2, 3, 4], 50) == 2.5
 
 
+def test_price_check_compares_ledger_cost_and_usage_cost_with_the_listed_prices():
+    from qwen_v3_calculator.billing import Prices
+
+    prices = Prices.per_million("0.15", "0.6", "0.075", "0.0001")
+    r = ok_record(0, cached_tokens=8)
+    want = prices.cost_pico(20, 4, 8)  # 12 x 150,000 + 8 x 75,000 + 4 x 600,000 + 100,000,000 pico-dollars
+    assert want == 12 * 150_000 + 8 * 75_000 + 4 * 600_000 + 100_000_000
+    r.final_usage["cost"] = float("0.0001048")  # the JSON number the server sends: the exact decimal's text
+    ledger = {"prompt_tokens": 20, "completion_tokens": 4, "cached_tokens": 8, "status": "stop", "cost_pico_usd": want}
+    assert analysis.accounting_findings(r, ledger, True, prices=prices) == []
+    checks = [m["check"] for m in analysis.accounting_findings(r, {**ledger, "cost_pico_usd": want + 1}, True,
+                                                              prices=prices)]
+    assert checks == ["ledger_cost"]
+    r.final_usage["cost"] = 0.000105
+    assert [m["check"] for m in analysis.accounting_findings(r, ledger, True, prices=prices)] == ["usage_cost"]
+    del r.final_usage["cost"]
+    assert [m["check"] for m in analysis.accounting_findings(r, ledger, True, prices=prices)] == ["usage_cost"]
+    assert analysis.accounting_findings(r, ledger, True) == []  # without prices: not checked
+
+
 def test_accounting_findings_catch_every_disagreement():
     assert analysis.accounting_findings(ok_record(0), {"prompt_tokens": 20, "completion_tokens": 4,
                                                        "cached_tokens": 0, "status": "length"}, True) == []
