@@ -54,7 +54,7 @@ class DrainRate:
 
 
 class Backlog:
-    """The admission check: ``verdict(backlog)`` is None (admit) or the ``Retry-After`` seconds of a 429."""
+    """The admission check: ``verdict()`` is None (admit) or the ``Retry-After`` and expected wait of a 429."""
 
     def __init__(self, max_wait_s: float, queued_tokens, rate: DrainRate | None = None, on_wait=None):
         self.max_wait_s = max_wait_s
