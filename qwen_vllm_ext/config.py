@@ -260,15 +260,6 @@ class Settings:
         data.update({SETTING_PREFIX + k: v for k, v in dataclasses.asdict(self.scheduler).items()})
         return {name: data[name] for name in self.field_names()}
 
-    def __getattr__(self, name: str) -> Any:
-        # settings.sched_<f> reads the nested policy's field f (only called when normal lookup fails)
-        if name.startswith(SETTING_PREFIX) and name != SETTING_PREFIX:
-            try:
-                return getattr(self.scheduler, name[len(SETTING_PREFIX):])
-            except AttributeError:
-                pass
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     @classmethod
     def resolve(
         cls,

@@ -59,3 +59,21 @@ def qwen36_tokenizer_dir(tmp_path_factory):
 
     write_tokenizer_files(d, "qwen3.6", chat_template("qwen3.5"))
     return d
+
+
+# ---- time per test module (issue 37: the suite's budget is tracked per module) ---------------------------------------
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration  # setup + call + teardown
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MODULE_SECONDS:
+        return
+    total = sum(_MODULE_SECONDS.values())
+    terminalreporter.write_sep("=", f"seconds per test module (setup + call + teardown; {total:.0f} s in all)")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f}  {module}")

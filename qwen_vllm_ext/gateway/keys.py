@@ -530,11 +530,10 @@ class RedisKeyStore(_BaseKeyStore):
 def open_key_store(backend: str | None = None, location: str | None = None,
                    settings: Any = None) -> SqliteKeyStore | RedisKeyStore:
     """The key store next to the ledger: ``backend`` (default: setting ``ledger_backend``), ``location`` =
-    SQLite file (default ``<data_dir>/ledger.sqlite3``) or Redis URL (default ``ledger_redis_url``).
-    Raises :class:`KeyStoreUnavailable`."""
+    SQLite file (default ``<data_dir>/ledger.sqlite3``) or Redis URL (default ``ledger_redis_url``); ``settings``:
+    the caller's (the server's, or the CLI's ``Settings.current()``). Raises :class:`KeyStoreUnavailable`."""
     if settings is None:
-        from qwen_vllm_ext.config import Settings
-        settings = Settings.current()
+        raise TypeError("open_key_store needs the settings (data_dir, ledger_backend, ledger_redis_url, gateway_secret)")
     backend = backend or settings.ledger_backend
     where = locations.ledger(settings, backend, db=location if backend == "sqlite" else None,
                              redis_url=location if backend == "redis" else None)

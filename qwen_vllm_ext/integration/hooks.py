@@ -45,11 +45,12 @@ def scheduler_cls(scheduler_config):
     """Scheduler class for ``SchedulerConfig.get_scheduler_cls()`` when ``--scheduler-cls`` is unset:
     the token-weighted scheduler with ``token_weighted_scheduler=true``, else None (vLLM's default)."""
     settings = _settings()
-    if not (settings.enabled and settings.token_weighted_scheduler):
+    if not settings.enabled:
         return None
-    from ..scheduling.vllm_scheduler import TokenWeightedAsyncScheduler, TokenWeightedScheduler
+    from ..scheduling.vllm_scheduler import bind_policy, pick_scheduler_cls
 
-    return TokenWeightedAsyncScheduler if scheduler_config.async_scheduling else TokenWeightedScheduler
+    bind_policy(settings.scheduler)  # a source-patched engine core: the policy passed in here
+    return pick_scheduler_cls(scheduler_config) if settings.token_weighted_scheduler else None
 
 
 def server_starting() -> None:

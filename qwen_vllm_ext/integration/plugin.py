@@ -60,8 +60,12 @@ def register_general(runtime: bool = True) -> dict:
     if not allowed:
         (logger.info if not settings.enabled else logger.warning)("qwen-vllm-ext: %s", reason)
     applied, source, disabled = [], [], {}
+    role = status.process_role()
+    if role == "engine_core":  # the scheduler's policy, passed in (also for an explicit --scheduler-cls)
+        from ..scheduling.vllm_scheduler import bind_policy
+
+        bind_policy(settings.scheduler)
     if allowed:
-        role = status.process_role()
         for patch in runtime_patches():
             if role not in patch.roles or not getattr(settings, patch.setting):
                 continue

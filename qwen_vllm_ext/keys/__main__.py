@@ -21,6 +21,7 @@ import json
 import sys
 from typing import Any
 
+from qwen_vllm_ext.config import Settings
 from qwen_vllm_ext.gateway.keys import (MICRO, ApiKey, KeyNotFound, KeyStoreUnavailable, open_key_store,
                                         parse_billed, parse_expiry)
 
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         backend = args.backend or ("redis" if args.redis_url else "sqlite" if args.db else None)  # None: settings
-        store = open_key_store(backend, args.redis_url if backend == "redis" else args.db)
+        store = open_key_store(backend, args.redis_url if backend == "redis" else args.db, Settings.current())
         try:
             return COMMANDS[args.command](store, args)
         finally:

@@ -147,22 +147,6 @@ class PolicyConfig:
         """Aging runs on admitted weight (tokens), not seconds."""
         return self.aging_half_life_tokens > 0
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> "PolicyConfig":
-        """The policy of a ``Settings`` object (its ``scheduler``), or of anything with ``sched_*`` attributes
-        (missing = default; values converted to the field's type)."""
-        nested = getattr(settings, "scheduler", None)
-        if isinstance(nested, cls):
-            return nested
-        values = {}
-        for f in dataclasses.fields(cls):
-            default = f.default
-            value = getattr(settings, SETTING_PREFIX + f.name, default)
-            if isinstance(default, bool) and isinstance(value, str):
-                value = value.strip().lower() in ("1", "true", "yes", "on")
-            values[f.name] = type(default)(value)
-        return cls(**values)
-
 
 class PolicyError(ValueError):
     """A policy factor out of range; ``field`` names it (the setting is ``sched_<field>``)."""

@@ -360,10 +360,14 @@ def _extra_args(request: Request) -> dict[str, Any] | None:
     return params.extra_args if params is not None else None
 
 
-def _settings_policy() -> PolicyConfig:
-    from qwen_vllm_ext.config import Settings
+_BOUND_POLICY: PolicyConfig | None = None
+"""The policy :func:`install` bound in this process (the engine core's settings, passed in by the general plugin)."""
 
-    return Settings.current().scheduler
+
+def bind_policy(policy: PolicyConfig) -> None:
+    """The policy every token-weighted scheduler built in this process starts with (see :func:`install`)."""
+    global _BOUND_POLICY
+    _BOUND_POLICY = policy
 
 
 class TokenWeightedMixin:
@@ -371,7 +375,8 @@ class TokenWeightedMixin:
 
     Replaces ``self.waiting`` after ``Scheduler.__init__`` and, at the start of each ``schedule()``,
     refreshes the cached-prefix estimates of the first K candidates and re-sorts the scored lane. The policy
-    comes from ``Settings.current()`` (``sched_*`` settings); :meth:`qwen_configure` swaps the policy or the
+    is the one :func:`install` bound (the ``sched_*`` settings; the defaults when none was bound);
+    :meth:`qwen_configure` swaps the policy or the
     clock (``time.time``, the clock of ``Request.arrival_time``), e.g. in tests.
     """
 
@@ -382,7 +387,7 @@ class TokenWeightedMixin:
         super().__init__(*args, **kwargs)
         self.qwen_clock: Callable[[], float] = time.time
         self.qwen_stats = AdmissionStats()
-        self.qwen_policy = _settings_policy()
+        self.qwen_policy = _BOUND_POLICY or PolicyConfig()
         self.qwen_costs = CostFit(COST_FORGET)
         """The online step-cost fit (fed every step; solved every ``COST_REFIT_STEPS``)."""
         self.qwen_batch = 0.0
@@ -549,7 +554,7 @@ class TokenWeightedScheduler(TokenWeightedMixin, Scheduler):
         if cls is TokenWeightedScheduler:
             vllm_config = kwargs.get("vllm_config", args[0] if args else None)
             if vllm_config is not None:
-                cls = pick_scheduler_cls(vllm_config)
+                cls = pick_scheduler_cls(vllm_config.scheduler_config)
         return super().__new__(cls)
 
 
@@ -577,9 +582,9 @@ def step_composition(requests: dict[str, Request], output: Any) -> tuple[int, in
     return len(output.num_scheduled_tokens), n_tok, pre_tok, pre_ctx, dec_ctx
 
 
-def pick_scheduler_cls(vllm_config: Any) -> type[TokenWeightedScheduler]:
-    """The token-weighted class matching the config: async when async scheduling is on."""
-    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+def pick_scheduler_cls(scheduler_config: Any) -> type[TokenWeightedScheduler]:
+    """The token-weighted class matching vLLM's ``SchedulerConfig``: async when async scheduling is on."""
+    if getattr(scheduler_config, "async_scheduling", False):
         return TokenWeightedAsyncScheduler
     return TokenWeightedScheduler
 
@@ -611,9 +616,11 @@ def install(settings) -> bool:
     """Monkeypatch mode: engines whose ``--scheduler-cls`` is unset get the token-weighted scheduler.
 
     Wraps ``SchedulerConfig.get_scheduler_cls`` (``vllm/config/scheduler.py``), which the engine core calls to
-    pick its scheduler; an explicit ``--scheduler-cls`` still wins. Idempotent.
+    pick its scheduler; an explicit ``--scheduler-cls`` still wins. Idempotent. (The general plugin binds the
+    ``sched_*`` settings in every engine core, :func:`bind_policy`, whether or not this patch is on.)
     """
-    if not getattr(settings, "token_weighted_scheduler", False):
+    bind_policy(settings.scheduler)
+    if not settings.token_weighted_scheduler:
         return False
     from vllm.config.scheduler import SchedulerConfig
 
@@ -623,7 +630,7 @@ def install(settings) -> bool:
 
     def get_scheduler_cls(self):
         if self.scheduler_cls is None:
-            return TokenWeightedAsyncScheduler if self.async_scheduling else TokenWeightedScheduler
+            return pick_scheduler_cls(self)
         return original(self)
 
     SchedulerConfig.get_scheduler_cls = get_scheduler_cls

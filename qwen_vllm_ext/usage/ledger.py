@@ -621,9 +621,8 @@ class LedgerWriter:
         self.retries, self.backoff_s, self.on_batch, self.on_failure = retries, backoff_s, on_batch, on_failure
         if spill_dir is None:
             spill_dir = getattr(store, "default_spill_dir", None)
-        if spill_dir is None:
-            from qwen_vllm_ext.config import Settings
-            spill_dir = Settings.current().data_dir
+        if spill_dir is None:  # a Redis store has no directory of its own: the caller passes data_dir
+            raise TypeError("LedgerWriter needs spill_dir for a store without a default (Redis): pass data_dir")
         self.spill_dir = spill_dir
         self.last_batch_latency_s = 0.0
         self.last_batch_size = self.batches_total = self.committed_total = self.duplicates_total = 0

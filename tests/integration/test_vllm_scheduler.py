@@ -114,6 +114,30 @@ def admission_order(scheduler) -> list[str]:
 
 
 # ---- construction -------------------------------------------------------------------------------------
+def test_the_scheduler_starts_with_the_policy_passed_in(model_dir):
+    """The general plugin binds the engine core's sched_* settings (``bind_policy``); a scheduler built without one
+    bound starts with the defaults."""
+    from qwen_vllm_ext.config import Settings
+    from qwen_vllm_ext.scheduling import vllm_scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vllm_config, kv_cache_config = build_config(model_dir, block_size=BLOCK, num_blocks=1000, max_num_seqs=16,
+                                                max_model_len=2048)
+
+    def build():
+        return TokenWeightedScheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=BLOCK,
+                                      structured_output_manager=StructuredOutputManager(vllm_config), log_stats=False)
+
+    before = vllm_scheduler._BOUND_POLICY
+    try:
+        vllm_scheduler._BOUND_POLICY = None
+        assert build().qwen_policy == PolicyConfig()
+        vllm_scheduler.bind_policy(Settings.from_flat({"sched_output_weight": 0.25}).scheduler)
+        assert build().qwen_policy.output_weight == 0.25
+    finally:
+        vllm_scheduler._BOUND_POLICY = before
+
+
 def test_factory_picks_the_base_from_the_config(model_dir):
     sync = make_scheduler(model_dir)
     assert type(sync) is TokenWeightedScheduler and not isinstance(sync, AsyncScheduler)
@@ -123,9 +147,9 @@ def test_factory_picks_the_base_from_the_config(model_dir):
     assert type(asyn) is TokenWeightedAsyncScheduler and isinstance(asyn, AsyncScheduler)
     assert isinstance(asyn, TokenWeightedScheduler) and isinstance(asyn.waiting, TokenWeightedRequestQueue)
     config, _ = make_config(model_dir)
-    assert pick_scheduler_cls(config) is TokenWeightedScheduler
+    assert pick_scheduler_cls(config.scheduler_config) is TokenWeightedScheduler
     config.scheduler_config.async_scheduling = True
-    assert pick_scheduler_cls(config) is TokenWeightedAsyncScheduler
+    assert pick_scheduler_cls(config.scheduler_config) is TokenWeightedAsyncScheduler
     config.scheduler_config.scheduler_cls = "qwen_vllm_ext.scheduling.vllm_scheduler.TokenWeightedScheduler"
     assert config.scheduler_config.get_scheduler_cls() is TokenWeightedScheduler
     status = sync.qwen_status()

@@ -64,6 +64,17 @@ def test_capabilities_and_stores_never_import_the_integration_layer(capability):
         assert not bad, f"{name} imports {bad}: imports run integration -> capabilities -> store"
 
 
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_capabilities_get_their_settings_passed_in(capability):
+    """Settings are resolved once per process (integration layer, CLIs) and passed as parameters: no capability
+    module imports ``qwen_vllm_ext.config`` (a ``__main__`` CLI resolves its own)."""
+    for path, name in app_modules():
+        if not name.startswith(f"qwen_vllm_ext.{capability}.") or name.endswith("__main__"):
+            continue
+        bad = sorted(m for m in imports(path, name) if m == "qwen_vllm_ext.config" or m.startswith("qwen_vllm_ext.config."))
+        assert not bad, f"{name} imports {bad}: take the settings as a parameter"
+
+
 @pytest.mark.parametrize("core", ["store", "observability"])
 def test_the_store_and_observability_import_no_capability(core):
     for path, name in app_modules():

@@ -3,13 +3,12 @@ start-up refuses (the setting named), capacity 429s' drain-rate estimate, and th
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from decimal import Decimal
 
 import pytest
 
-from qwen_v3_calculator.billing import PRESETS, PICO, BillingPolicy, Prices, plain, usd
+from qwen_v3_calculator.billing import PRESETS, PICO, BillingPolicy, Prices, usd
 from qwen_vllm_ext.config import Settings, SettingsError
 from qwen_vllm_ext.gateway.capacity import Backlog, DrainRate
 from qwen_vllm_ext.gateway.request_fields import CHAT_FIELDS, REJECT

@@ -5,7 +5,6 @@ import math
 import random
 import subprocess
 import sys
-import types
 
 import pytest
 
@@ -184,21 +183,21 @@ def test_config_validation_and_settings():
                 {"lookup_candidates": -1}, {"fcfs_above": -2}, {"output_cap": -1}):
         with pytest.raises(ValueError):
             PolicyConfig(**bad)
-    settings = types.SimpleNamespace(sched_output_weight=0.5, sched_max_wait_s="12", sched_lookup_candidates=8)
-    cfg = PolicyConfig.from_settings(settings)
+    from qwen_vllm_ext.config import Settings
+
+    cfg = Settings.from_flat({"sched_output_weight": 0.5, "sched_max_wait_s": "12", "sched_lookup_candidates": 8}).scheduler
     assert (cfg.output_weight, cfg.max_wait_s, cfg.lookup_candidates, cfg.output_cap) == (0.5, 12.0, 8, 1024)
-    assert PolicyConfig.from_settings(object()) == PolicyConfig()
 
 
 def test_the_policy_is_the_one_definition_of_the_scheduler_settings():
     """Settings nests PolicyConfig: every policy field f is the setting sched_f, with the policy's default."""
     from qwen_vllm_ext.config import Settings
 
-    assert PolicyConfig.from_settings(Settings()) == PolicyConfig() == Settings().scheduler
+    assert PolicyConfig() == Settings().scheduler
     names = Settings.field_names()
     for f in dataclasses.fields(PolicyConfig):
         assert f"{policy.SETTING_PREFIX}{f.name}" in names
-        assert getattr(Settings(), f"sched_{f.name}") == f.default
+        assert Settings().flat()[f"sched_{f.name}"] == f.default
     resolved = Settings.resolve(env={"QWEN_VLLM_EXT_SCHED_MAX_WAIT_S": "12"})
     assert resolved.scheduler.max_wait_s == 12.0 == resolved.flat()["sched_max_wait_s"]
     assert Settings.from_flat(json.loads(resolved.to_json())) == resolved  # what child processes read back
@@ -280,7 +279,7 @@ def test_bad_scheduler_settings_fail_at_resolution_with_the_setting_named():
                         ("sched_output_weight", "inf"), ("sched_aging_half_life_tokens", -5)):
         with pytest.raises(SettingsError, match=f"setting '{name}': .*must be"):
             Settings.resolve(env={}, cli={name: value})
-    assert Settings.resolve(env={}, cli={"sched_aging_load_exponent": 2}).sched_aging_load_exponent == 2.0
+    assert Settings.resolve(env={}, cli={"sched_aging_load_exponent": 2}).scheduler.aging_load_exponent == 2.0
 
 
 def test_slip_deadline_and_its_floor():
