@@ -437,7 +437,7 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
     from qwen_vllm_ext.config import Settings
     from qwen_vllm_ext.context import ServerContext, request_context
     from qwen_vllm_ext.gateway.admission import Served
-    from qwen_vllm_ext.gateway.keys import KeyCache, SqliteKeyStore
+    from qwen_vllm_ext.keys import KeyCache, SqliteKeyStore
     from qwen_vllm_ext.gateway.limiter import SqliteLimiter
     from qwen_vllm_ext.gateway.middleware import GatewayMiddleware
     from qwen_vllm_ext.gateway.spike import SpikeBreaker

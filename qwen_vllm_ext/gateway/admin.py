@@ -14,7 +14,7 @@ import asyncio
 import json
 
 from ..errors import error_response
-from .keys import KeyNotFound, parse_billed, parse_expiry
+from ..keys import KeyNotFound, parse_billed, parse_expiry
 from .middleware import check_admin
 
 PREFIX = "/qwen_ext/admin/keys"

@@ -224,7 +224,7 @@ class GatewayMiddleware:
         if not secret:
             raise Rejection(401, "invalid_api_key", "no API key: send 'Authorization: Bearer qve-…' (create keys "
                             "with `python -m qwen_vllm_ext.keys create`)", type_="authentication_error")
-        from .keys import KeyStoreUnavailable
+        from ..keys import KeyStoreUnavailable
 
         transient = (KeyStoreUnavailable, sqlite3.Error, *getattr(self.keys.store, "transient_errors", (OSError,)))
         try:

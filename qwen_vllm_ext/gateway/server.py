@@ -16,7 +16,7 @@ def attach(app, settings) -> None:
     from ..observability.stores import declare
     from ..store import locations
     from . import admin, metrics
-    from .keys import KeyCache, open_key_store
+    from ..keys import KeyCache, open_key_store
     from .limiter import open_limiter
     from .middleware import GatewayMiddleware
     from .spike import SpikeBreaker

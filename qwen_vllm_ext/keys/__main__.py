@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from qwen_vllm_ext.config import Settings
-from qwen_vllm_ext.gateway.keys import (MICRO, ApiKey, KeyNotFound, KeyStoreUnavailable, open_key_store,
+from qwen_vllm_ext.keys import (MICRO, ApiKey, KeyNotFound, KeyStoreUnavailable, open_key_store,
                                         parse_billed, parse_expiry)
 
 FAILURE = 2

@@ -13,7 +13,7 @@ from qwen_v3_calculator.billing import get_policy
 from qwen_vllm_ext.config import Settings
 from qwen_vllm_ext.context import ServerContext
 from qwen_vllm_ext.gateway.admission import Served
-from qwen_vllm_ext.gateway.keys import KeyCache, SqliteKeyStore
+from qwen_vllm_ext.keys import KeyCache, SqliteKeyStore
 from qwen_vllm_ext.gateway.limiter import SqliteLimiter
 from qwen_vllm_ext.gateway.middleware import GatewayMiddleware
 

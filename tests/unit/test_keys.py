@@ -18,8 +18,8 @@ import types
 
 import pytest
 
-from qwen_vllm_ext.gateway import keys as K
-from qwen_vllm_ext.gateway.keys import (KeyCache, KeyNotFound, KeyStoreUnavailable, RedisKeyStore,
+from qwen_vllm_ext import keys as K
+from qwen_vllm_ext.keys import (KeyCache, KeyNotFound, KeyStoreUnavailable, RedisKeyStore,
                                         SqliteKeyStore, open_key_store, parse_billed, parse_expiry,
                                         resolve_server_secret)
 from tests.redis_server import free_port
@@ -108,7 +108,7 @@ def test_authentication_confirms_with_compare_digest(store, monkeypatch):
     secret, key = store.create("alice")
     calls = []
     real = hmac.compare_digest
-    monkeypatch.setattr(K.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
     assert store.authenticate(secret) == key
     assert calls == [(store.hash_secret(secret),) * 2]
 
