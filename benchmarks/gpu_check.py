@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = Check()
     result: dict = {"benchmark": "gpu_check", "mode": "cpu-smoke" if args.cpu_smoke else "gpu",
                     "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "phases": {}}
-    from qwen_vllm_ext.hardware import detect_gpus
+    from qwen_vllm_ext.launcher.hardware import detect_gpus
 
     gpus = [] if args.cpu_smoke else detect_gpus()
     result["hardware"] = [g.__dict__ if hasattr(g, "__dict__") else str(g) for g in gpus] or "cpu"

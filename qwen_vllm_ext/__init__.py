@@ -1,7 +1,7 @@
 """qwen-vllm-ext: a vLLM extension for serving Qwen models.
 
 Importing this package never imports vLLM; the pieces that need vLLM import it lazily through
-:func:`qwen_vllm_ext._vllm.require_vllm`, which says what to install when it is missing.
+:func:`qwen_vllm_ext.integration.vllm_version.require_vllm`, which says what to install when it is missing.
 """
 from importlib.metadata import PackageNotFoundError as _NotInstalled
 from importlib.metadata import version as _dist_version

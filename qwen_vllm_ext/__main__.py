@@ -22,7 +22,7 @@ def installed_vllm() -> str | None:
 
 def version_report() -> list[str]:
     from . import __version__
-    from ._vllm import INSTALL_HINT, SUPPORTED_VLLM_SERIES, version_supported
+    from .integration.vllm_version import INSTALL_HINT, SUPPORTED_VLLM_SERIES, version_supported
     from .sourcepatch.core import supported_versions
 
     series = ", ".join(s + ".x" for s in SUPPORTED_VLLM_SERIES)

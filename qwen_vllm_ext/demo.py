@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .assets import cache_home
+from .common.assets import cache_home
 
 DEMO_NAME = "qwen3-tiny-demo"
 DEMO_REVISION = 3  # bump when the files below change: a new cache entry is built
@@ -122,7 +122,7 @@ def write_config_only(output: str | os.PathLike, overrides: dict | None = None) 
     vLLM's ``--load-format dummy``: the architecture of ``CONFIG`` + ``overrides`` (e.g. :data:`QWEN3_8B`)."""
     from qwen_v3_calculator.hf_export import write_tokenizer_files
 
-    from .assets import chat_template
+    from .common.assets import chat_template
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +155,7 @@ def _write_model(output, model_cls, config_cls, config: dict, generation_config:
 
     from qwen_v3_calculator.hf_export import write_tokenizer_files
 
-    from .assets import chat_template
+    from .common.assets import chat_template
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)

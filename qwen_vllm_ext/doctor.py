@@ -152,7 +152,7 @@ class Doctor:
         return True
 
     def check_versions(self) -> None:
-        from ._vllm import SUPPORTED_VLLM_SERIES, version_supported
+        from .integration.vllm_version import SUPPORTED_VLLM_SERIES, version_supported
 
         h = self.health
         vllm = h.get("vllm_version", "?")

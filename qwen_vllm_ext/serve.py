@@ -17,11 +17,12 @@ import os
 import sys
 from importlib.metadata import entry_points
 
-from . import family, status
-from ._vllm import VLLMMissing, require_vllm
+from .observability import status
+from .common import family
+from .integration.vllm_version import VLLMMissing, require_vllm
 from .config import Settings, SettingsError
 from .demo import HYBRID_SERVED_NAME, HYBRID_VARIANT, SERVED_NAME
-from .hardware import detect_gpus, split_cores
+from .launcher.hardware import detect_gpus, split_cores
 from .profiles import ProfileError, check_hardware, profile_names, select_profile, all_profiles
 from .integration.plugin import PLUGIN_NAME
 from .store.locations import shared_state_problem

@@ -76,5 +76,5 @@ if [ -n "$apt_missing" ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends $apt_missing >/dev/null
 fi
 
-QWEN_VLLM_EXT_HOME="$home" "$root/.venv/bin/python" -m qwen_vllm_ext.assets >/dev/null
+QWEN_VLLM_EXT_HOME="$home" "$root/.venv/bin/python" -m qwen_vllm_ext.common.assets >/dev/null
 say "ready: $root/.venv -> $venv"

@@ -42,7 +42,7 @@ def qwen3_tokenizer_dir(tmp_path_factory):
     from qwen_v3_calculator.hf_export import write_tokenizer_files
 
     d = tmp_path_factory.mktemp("qwen3-tok")
-    from qwen_vllm_ext.assets import chat_template
+    from qwen_vllm_ext.common.assets import chat_template
 
     write_tokenizer_files(d, "qwen3", chat_template("qwen3"))
     return d
@@ -55,7 +55,7 @@ def qwen36_tokenizer_dir(tmp_path_factory):
     from qwen_v3_calculator.hf_export import write_tokenizer_files
 
     d = tmp_path_factory.mktemp("qwen36-tok")
-    from qwen_vllm_ext.assets import chat_template
+    from qwen_vllm_ext.common.assets import chat_template
 
     write_tokenizer_files(d, "qwen3.6", chat_template("qwen3.5"))
     return d

@@ -9,7 +9,7 @@ which keep the ``<think>`` block of every earlier assistant turn (reasoning, or 
 ``enable_thinking=false``; the Qwen3.5 one also keeps the answer untrimmed) unless the template kwarg
 ``preserve_thinking`` is false, in which case they render exactly as the official template. Each is a
 hand-written Python mirror of the official Jinja text
-(``qwen_vllm_ext.assets.chat_template``), rendered as transformers does (``trim_blocks``, ``lstrip_blocks``,
+(``qwen_vllm_ext.common.assets.chat_template``), rendered as transformers does (``trim_blocks``, ``lstrip_blocks``,
 ``tojson`` = ``json.dumps(ensure_ascii=False)`` without key sorting); unit tests hold them equal to that
 rendering. No jinja2 at count time.
 
@@ -41,7 +41,7 @@ from collections.abc import Mapping
 __all__ = ["TEMPLATES", "REUSE_TEMPLATES", "count_chat", "render_chat", "normalize_messages", "normalize_tools",
            "validate_messages", "message_text", "template_path"]
 
-TEMPLATES = ("qwen2.5", "qwen3", "qwen3.5")  # official templates (reference texts: qwen_vllm_ext.assets)
+TEMPLATES = ("qwen2.5", "qwen3", "qwen3.5")  # official templates (reference texts: qwen_vllm_ext.common.assets)
 # shipped by this package: name -> file in data/
 REUSE_TEMPLATES = {"qwen3-reuse": "qwen3-reuse.jinja", "qwen3.5-reuse": "qwen3.5-reuse.jinja"}
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})

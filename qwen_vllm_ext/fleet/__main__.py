@@ -58,7 +58,7 @@ def config_from_args(argv: list[str]) -> tuple[argparse.Namespace, FleetConfig]:
 
 
 def make_plan(config: FleetConfig, environ=None):
-    from ..hardware import detect_gpus
+    from ..launcher.hardware import detect_gpus
 
     environ = os.environ if environ is None else environ
     router_bin = shutil.which("vllm-router") or os.path.join(os.path.dirname(sys.executable), "vllm-router")

@@ -19,7 +19,7 @@ import os
 import shlex
 from collections.abc import Sequence
 
-from ..hardware import split_cores
+from ..launcher.hardware import split_cores
 
 DEFAULT_POLICY = "consistent_hash"
 """Conversation affinity: vllm-router 0.1.17's ``consistent_hash`` hashes the ``x-session-id`` header (it

@@ -13,7 +13,7 @@ With ``admin_key`` empty every admin route answers 404.
 import asyncio
 import json
 
-from ..errors import error_response
+from ..common.errors import error_response
 from ..keys import KeyNotFound, parse_billed, parse_expiry
 from .middleware import check_admin
 

@@ -21,8 +21,8 @@ import time
 
 from qwen_v3_calculator.billing import to_micro
 
-from ..context import request_context, server_context
-from ..errors import error_body
+from ..common.context import request_context, server_context
+from ..common.errors import error_body
 from ..observability.stores import store_result
 from . import metrics, vllm_requests
 from .admission import (GENERATION_PATHS, UNMETERED_POST, Rejection, admit, admit_messages, check_model_scope,

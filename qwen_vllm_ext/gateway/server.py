@@ -11,7 +11,7 @@ def attach(app, settings) -> None:
     """Add the gateway middleware and admin routes. Raises when a configured store cannot be reached."""
     from qwen_v3_calculator.billing import get_policy
 
-    from ..context import server_context
+    from ..common.context import server_context
     from ..observability import catalog
     from ..observability.stores import declare
     from ..store import locations
@@ -39,7 +39,7 @@ def attach(app, settings) -> None:
 def init_state(engine_client, state, args) -> None:
     """Put what admission needs to know about the served model on the server context
     (after ``counting.init_state`` has built the calculator)."""
-    from ..context import server_context
+    from ..common.context import server_context
     from . import vllm_requests
     from .admission import Served
 

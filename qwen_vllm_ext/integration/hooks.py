@@ -56,7 +56,7 @@ def scheduler_cls(scheduler_config):
 def server_starting() -> None:
     """API server start, before the engine is spawned: fix the instance directory every process of this
     server shares (process records, scheduler statistics for the health route)."""
-    from .. import status
+    from ..observability import status
 
     if _settings().enabled:
         status.instance_dir()
@@ -65,7 +65,7 @@ def server_starting() -> None:
 def attach_app(app) -> None:
     """``build_app``: the extension's routes and middlewares (health, token counting, gateway, ledger),
     exactly as the endpoint plugin adds them; skipped when the endpoint plugin already did."""
-    from ..context import find_server_context
+    from ..common.context import find_server_context
 
     ctx = find_server_context(app)
     if not _settings().enabled or (ctx is not None and ctx.attached):
@@ -78,7 +78,7 @@ def attach_app(app) -> None:
 
 async def init_state(engine_client, state, args) -> None:
     """``init_app_state``: the extension's per-server state, as the endpoint plugin sets it."""
-    from ..context import find_server_context
+    from ..common.context import find_server_context
 
     ctx = find_server_context(state)
     if not _settings().enabled or (ctx is not None and ctx.initialized):

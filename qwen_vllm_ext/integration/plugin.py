@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 
-from .. import __version__, counting, status
-from .._vllm import require_vllm, unsupported_message, version_supported
+from .. import __version__
+from ..counting import server as counting
+from ..observability import status
+from ..integration.vllm_version import require_vllm, unsupported_message, version_supported
 from ..config import Settings
-from ..context import install_server_context
+from ..common.context import install_server_context
 from ..store.locations import shared_state_problem
 from .guard import check_patch
 from .runtime_patches import runtime_patches

@@ -18,7 +18,7 @@ import os
 import re
 import threading
 
-from ..family import read_json as _read_json
+from ..common.family import read_json as _read_json
 
 SESSION_HEADER = b"x-session-id"  # what clients send: vllm-router's consistent_hash hashes it (checked on 0.1.17)
 CONVERSATION_HEADERS = (SESSION_HEADER, b"x-conversation-id")  # first present wins
@@ -67,7 +67,7 @@ def reuse_template_for(model: str) -> tuple[str | None, str]:
     """(the package's template to serve, or None; reason). ``model``: a local model directory or a Hugging Face id.
     Qwen3 hybrid-thinking models get ``qwen3-reuse``; Qwen3.5/3.6 models (and the hybrid demo, a Qwen3-Next class
     with the Qwen3.6 tokenizer) with the official Qwen3.5 template get ``qwen3.5-reuse``."""
-    from ..family import detect
+    from ..common.family import detect
 
     path = os.path.expanduser(model)
     if os.path.isdir(path):

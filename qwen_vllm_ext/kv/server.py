@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 
-from ..errors import error_body
+from ..common.errors import error_body
 from ..observability import catalog
 from . import reuse
 from .sleep import ASLEEP, IdleSleeper

@@ -17,7 +17,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (a depend
 from pathlib import Path
 from typing import Any
 
-from ..hardware import GPU
+from ..launcher.hardware import GPU
 
 PROFILE_DIR = Path(__file__).resolve().parent
 

@@ -5,8 +5,8 @@ import json
 import logging
 from urllib.parse import parse_qs
 
-from ..context import server_context
-from ..errors import error_body
+from ..common.context import server_context
+from ..common.errors import error_body
 from .listing import FORMATS, listing
 
 logger = logging.getLogger("qwen_vllm_ext.provider")

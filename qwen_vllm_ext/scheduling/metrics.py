@@ -1,11 +1,11 @@
 """The token-weighted scheduler's statistics on the API server's ``/metrics`` (and health route).
 
 The scheduler lives in the engine-core process; it publishes ``qwen_status()`` once a second to the server's
-instance directory (:mod:`qwen_vllm_ext.status`). This collector reads those files at scrape time.
+instance directory (:mod:`qwen_vllm_ext.observability.status`). This collector reads those files at scrape time.
 """
 from __future__ import annotations
 
-from .. import status
+from ..observability import status
 from ..observability import catalog
 
 

@@ -648,6 +648,6 @@ def _publish(scheduler: TokenWeightedMixin, now: float, idle: bool = False) -> N
     if not (idle and changed) and now - getattr(scheduler, "_qwen_published", -math.inf) < PUBLISH_EVERY_S:
         return
     scheduler._qwen_published, scheduler._qwen_published_admitted = now, admitted
-    from .. import status
+    from ..observability import status
 
     status.write_json(f"scheduler-{os.getpid()}.json", {"pid": os.getpid(), **scheduler.qwen_status()})

@@ -24,7 +24,7 @@ import uuid
 
 from qwen_v3_calculator.billing import to_micro
 
-from ..context import find_request_context, request_context
+from ..common.context import find_request_context, request_context
 from ..kv.reuse import conversation_id, tracker as reuse_tracker
 from .accounting import BOOK, CURRENT_HTTP_REQUEST, RequestTotals
 from .ledger import LedgerRecord, LedgerWriteError, billed_prompt_tokens

@@ -11,7 +11,7 @@ logger = logging.getLogger("qwen_vllm_ext.usage")
 
 def instance_id() -> str:
     """One id per server (shared by its API-server processes): host + the server's instance directory."""
-    from .. import status
+    from ..observability import status
 
     return f"{socket.gethostname()}-{os.path.basename(str(status.instance_dir()))}"
 
@@ -22,7 +22,7 @@ def attach(app, settings) -> None:
         return
     from qwen_v3_calculator.billing import get_policy
 
-    from ..context import server_context
+    from ..common.context import server_context
     from ..store import locations
     from ..store.redis import safe_url
     from .access_log import AccessLog, StratifiedSampler

@@ -3,7 +3,7 @@ import pytest
 
 from qwen_v3_calculator.chat import template_path
 from qwen_vllm_ext import serve
-from qwen_vllm_ext.hardware import parse_nvidia_smi
+from qwen_vllm_ext.launcher.hardware import parse_nvidia_smi
 from qwen_vllm_ext.kv.reuse import served_template
 
 from ..conftest import NVIDIA_SMI_LINES

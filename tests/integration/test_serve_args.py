@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from qwen_vllm_ext import serve
-from qwen_vllm_ext.hardware import parse_nvidia_smi
+from qwen_vllm_ext.launcher.hardware import parse_nvidia_smi
 from qwen_vllm_ext.profiles import ProfileError, load_profile, profile_names
 
 from ..conftest import NVIDIA_SMI_LINES
@@ -90,7 +90,7 @@ def test_cli_errors_are_clear(fake_nvidia_smi):
 
 def test_cpu_data_parallel_engines_get_their_own_cores():
     """vLLM's auto binding puts every DP engine of a one-NUMA CPU host on the same cores; the launcher splits them."""
-    from qwen_vllm_ext.hardware import split_cores
+    from qwen_vllm_ext.launcher.hardware import split_cores
 
     cores = os.sched_getaffinity(0)
     dp2 = ["--model", "Qwen/Qwen3-8B", "--data-parallel-size", "2"]

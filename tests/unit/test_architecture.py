@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "qwen_vllm_ext"
 CALCULATOR = ROOT / "calculator_cython" / "qwen_v3_calculator"
-CAPABILITIES = ("scheduling", "usage", "gateway", "keys", "kv", "provider")
+CAPABILITIES = ("scheduling", "usage", "gateway", "keys", "kv", "provider", "counting")
 
 
 def module_name(path: Path, package_root: Path, package: str) -> str:
@@ -53,7 +53,7 @@ def test_the_calculator_imports_nothing_from_the_application():
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
-@pytest.mark.parametrize("capability", [*CAPABILITIES, "store", "observability"])
+@pytest.mark.parametrize("capability", [*CAPABILITIES, "store", "observability", "common"])
 def test_capabilities_and_stores_never_import_the_integration_layer(capability):
     forbidden = ("qwen_vllm_ext.integration", "qwen_vllm_ext.plugin", "qwen_vllm_ext.patches",
                  "qwen_vllm_ext.sourcepatch", "qwen_vllm_ext.serve")
@@ -75,7 +75,7 @@ def test_capabilities_get_their_settings_passed_in(capability):
         assert not bad, f"{name} imports {bad}: take the settings as a parameter"
 
 
-@pytest.mark.parametrize("core", ["store", "observability"])
+@pytest.mark.parametrize("core", ["store", "observability", "common"])
 def test_the_store_and_observability_import_no_capability(core):
     for path, name in app_modules():
         if name.startswith(f"qwen_vllm_ext.{core}"):
@@ -113,3 +113,10 @@ def test_the_package_and_the_calculator_need_no_newer_python_than_declared():
                            "--eval-annotations", "--backport", "typing", str(APP), str(CALCULATOR)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_package_root_holds_the_public_entry_points_only():
+    """Everything else has its package (issue 37): the launcher, the doctor, the demo models, the settings object,
+    the plugin entry-point module and ``python -m qwen_vllm_ext --version``."""
+    loose = sorted(p.stem for p in APP.glob("*.py"))
+    assert loose == ["__init__", "__main__", "config", "demo", "doctor", "plugin", "serve"], loose

@@ -39,7 +39,7 @@ def test_the_recipe_is_deterministic(corpus):
 def _allowed_files() -> set[str]:
     """Every file the pinned recipe may read: the RECORD-listed files of the pinned distributions, the llama.cpp
     reference files from the pinned sdist, and this project's corpus.txt."""
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
     allowed = set()
     for name in bench.PINNED:
         dist, _, _ = bench._find_dist(name)
@@ -61,7 +61,7 @@ def test_every_document_comes_from_a_pinned_source(corpus):
     outside = set(files) - _allowed_files()
     assert not outside, f"read from outside the pinned sources: {sorted(outside)[:5]}"
     # every document (and warm-up text, and chat message) names a pinned source
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
     found = [bench._find_dist(name) for name in bench.PINNED]
     prefixes = [f"{found_name}=={version}/" for dist, found_name, version in found if dist is not None]
     prefixes += [f"{bench.REFS_PINNED[0]}=={assets.SDIST_VERSION}/vendor/llama.cpp/models/",

@@ -140,7 +140,7 @@ CONVERSATIONS = {**HANDWRITTEN, **{f"seed{seed}": random_conversation(seed) for 
 # ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def official_templates():
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
 
     return {name: assets.chat_template(name) for name in TEMPLATES}
 

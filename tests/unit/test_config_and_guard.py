@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from qwen_vllm_ext._vllm import unsupported_message, version_supported
+from qwen_vllm_ext.integration.vllm_version import unsupported_message, version_supported
 from qwen_vllm_ext.config import RESOLVED_ENV, Settings, SettingsError
 from qwen_vllm_ext.plugin import patch_decision
 

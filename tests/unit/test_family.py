@@ -1,9 +1,9 @@
-"""qwen_vllm_ext.family (which Qwen family a model is, what serving it needs) and the exact reasoning counter."""
+"""qwen_vllm_ext.common.family (which Qwen family a model is, what serving it needs) and the exact reasoning counter."""
 import json
 
 import pytest
 
-from qwen_vllm_ext import family
+from qwen_vllm_ext.common import family
 from qwen_vllm_ext.demo import HYBRID_CONFIG
 from qwen_vllm_ext.usage.accounting import ReasoningCounter, reasoning_tokens
 

@@ -11,7 +11,7 @@ import types
 from qwen_v3_calculator import Calculator
 from qwen_v3_calculator.billing import get_policy
 from qwen_vllm_ext.config import Settings
-from qwen_vllm_ext.context import ServerContext
+from qwen_vllm_ext.common.context import ServerContext
 from qwen_vllm_ext.gateway.admission import Served
 from qwen_vllm_ext.keys import KeyCache, SqliteKeyStore
 from qwen_vllm_ext.gateway.limiter import SqliteLimiter

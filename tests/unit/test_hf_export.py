@@ -31,7 +31,7 @@ def test_files_match_official(qwen3_dir, name):
 
 
 def test_qwen25_added_tokens_and_official_template(tmp_path):
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
     paths = hf_export.write_tokenizer_files(tmp_path, "qwen2.5", assets.chat_template("qwen2.5"))
     assert sorted(p.name for p in paths) == ["merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
     added = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]

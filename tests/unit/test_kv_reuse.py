@@ -25,7 +25,7 @@ def _model_dir(tmp_path, model_type, template):
 
 
 def test_reuse_template_applies_to_qwen3_hybrid_models_only(tmp_path):
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
 
     qwen3 = assets.chat_template("qwen3")
     assert reuse.reuse_template_applies(_model_dir(tmp_path, "qwen3", qwen3))[0]
@@ -43,7 +43,7 @@ def test_reuse_template_applies_to_qwen3_hybrid_models_only(tmp_path):
 
 
 def test_qwen35_family_gets_the_qwen35_reuse_template(tmp_path):
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
 
     for hf_id in ("Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-27B", "Qwen/Qwen3.6-35B-A3B", "Qwen/Qwen3.6-27B-FP8"):
         assert reuse.reuse_template_for(hf_id)[0] == "qwen3.5-reuse", hf_id

@@ -31,7 +31,7 @@ def reuse_texts():
 
 @pytest.fixture(scope="module")
 def official_texts():
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
 
     return {name: assets.chat_template(name) for name in OFFICIAL.values()}
 

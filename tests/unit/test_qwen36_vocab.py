@@ -101,7 +101,7 @@ def test_whole_calculator_corpus_is_exact(hf36):
 def test_count_chat_exact_against_the_official_template(hf36, enable_thinking):
     import jinja2
 
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
 
     template = assets.chat_template("qwen3.5")
     calc = Calculator(model="qwen3.6")

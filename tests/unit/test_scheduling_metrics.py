@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from qwen_vllm_ext import status
+from qwen_vllm_ext.observability import status
 from qwen_vllm_ext.scheduling.metrics import SchedulerCollector
 
 

@@ -273,7 +273,7 @@ def test_seeded_random_mix(pairs, rule):
 
 
 def _llama_vectors(name):
-    from qwen_vllm_ext import assets
+    from qwen_vllm_ext.common import assets
 
     inp, out = assets.test_vector_paths(name)  # fetched by scripts/setup.sh; a failure here is a setup bug
     texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")

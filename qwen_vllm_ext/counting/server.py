@@ -12,18 +12,18 @@ family (Qwen3.5/3.6 ids such as ``Qwen/Qwen3.6-27B``: the Qwen3.6 one; others: Q
 import json
 import os
 
-from .errors import error_response
+from ..common.errors import error_response
 
 COUNT_PATH = "/v1/tokens/count"
 
 
 def init_state(state, args) -> None:
-    from .context import server_context
+    from ..common.context import server_context
 
     ctx = server_context(state)
     names = getattr(args, "served_model_name", None) or [args.model]
     ctx.served_model = names[0] if isinstance(names, list) else names
-    from .kv.reuse import served_template
+    from ..kv.reuse import served_template
 
     # the template vLLM serves: the package's prefix-stable one in KV-reuse mode (else from the tokenizer)
     ctx.calculator = calculator_for_model(args.model, getattr(args, "tokenizer", None),
@@ -33,7 +33,7 @@ def init_state(state, args) -> None:
 def calculator_for_model(model: str | None, tokenizer: str | None = None, template: str | None = None):
     from qwen_v3_calculator import Calculator
 
-    from .family import detect
+    from ..common.family import detect
 
     for candidate in (tokenizer, model):
         if candidate and os.path.isfile(os.path.join(os.path.expanduser(candidate), "tokenizer.json")):
@@ -46,7 +46,7 @@ def attach(app) -> None:
     """Add the route; ``init_state`` puts the calculator and served model name on the server context."""
     from fastapi import Request
 
-    from .context import server_context
+    from ..common.context import server_context
 
     @app.post(COUNT_PATH)
     async def count_tokens(request: Request):

@@ -1,0 +1,1 @@
+"""What the launcher (``python -m qwen_vllm_ext.serve``) and the fleet need besides vLLM: GPU detection."""
