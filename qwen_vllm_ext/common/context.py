@@ -59,6 +59,7 @@ def install_server_context(app_or_state, settings) -> ServerContext:
 class RequestContext:
     api_key_id: str | None = None  # the gateway's authenticated key
     model: str | None = None  # the model the engine serves the request with (the default when none is named)
+    body: dict | None = None  # the request body as the gateway parsed it (once; the ledger reads it from here)
     on_usage: list[Callable[[Any], None]] = dataclasses.field(default_factory=list)  # called with the ledger record
     # called once when vLLM adds the request's first engine request (or when it ends without reaching the engine)
     on_engine_start: list[Callable[[], None]] = dataclasses.field(default_factory=list)

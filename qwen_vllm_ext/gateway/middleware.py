@@ -12,12 +12,14 @@ The ledger middleware sits outside this one, so rejections are recorded too (sta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
 import math
 import sqlite3
 import time
+from typing import Any
 
 from qwen_v3_calculator.billing import to_micro
 
@@ -116,6 +118,21 @@ def rate_headers(decision, items) -> dict[str, str]:
     return headers
 
 
+@dataclasses.dataclass
+class Held:
+    """What one admitted request holds until it is settled: its limiter reservation, budget reservation and
+    concurrency slot (None when not taken), the descriptors charged and the rate-limit headers to send."""
+
+    key: Any
+    items: list
+    cost: int
+    reservation: str | None = None
+    budget: str | None = None
+    slot: str | None = None
+    slot_name: str | None = None
+    headers: dict = dataclasses.field(default_factory=dict)
+
+
 class GatewayMiddleware:
     def __init__(self, app, settings, keys, limiter, policy, on_spike=None, inline_limiter=None):
         self.app = app
@@ -172,6 +189,7 @@ class GatewayMiddleware:
             inline = len(raw) <= INLINE_BODY_BYTES  # microseconds: a thread hop would cost more under load
             # exact counting of up to max_body_bytes (~1 s for 8 MB) runs off the event loop
             parsed = parse_body(raw) if inline else await asyncio.to_thread(parse_body, raw)
+            request.body = parsed  # parsed once: the ledger reads the model and the conversation id from here
             over_cap = self.settings.max_tokens_over_cap
             if kind == "messages":  # counted as the chat request vLLM converts it to
                 chat_body = await vllm_requests.to_chat_body(parsed, scope["app"].state)
@@ -188,13 +206,13 @@ class GatewayMiddleware:
         body = admission.encoded() if admission.body_changed else raw
         overhead_s = time.perf_counter() - started
         metrics.admitted(overhead_s)
-        extra = {**held["headers"], PROMPT_TOKENS_HEADER: str(admission.prompt_tokens),
+        extra = {**held.headers, PROMPT_TOKENS_HEADER: str(admission.prompt_tokens),
                  RESERVED_TOKENS_HEADER: str(admission.cost), OVERHEAD_HEADER.decode(): f"{overhead_s * 1000:.3f}"}
         request.on_usage.append(lambda record: self._reconcile(held, record))
         if capacity is not None:
             request.on_engine_start.append(capacity.admitted(admission.prompt_tokens))
             request.on_usage.append(lambda record: capacity.finished(record.engine_prompt_tokens))
-        renew = asyncio.get_running_loop().create_task(self._renew_slot(held)) if held["slot"] else None
+        renew = asyncio.get_running_loop().create_task(self._renew_slot(held)) if held.slot else None
 
         replay_receive = _replay(body, receive)
 
@@ -212,9 +230,9 @@ class GatewayMiddleware:
         finally:
             if renew is not None:
                 renew.cancel()
-            if held["slot"]:
+            if held.slot:
                 try:
-                    await asyncio.to_thread(self.limiter.release_slot, held["slot_name"], held["slot"])
+                    await asyncio.to_thread(self.limiter.release_slot, held.slot_name, held.slot)
                 except Exception:  # never mask the request's own outcome; the lease expires by itself
                     logger.exception("qwen-vllm-ext gateway: releasing a concurrency slot failed")
 
@@ -289,11 +307,10 @@ class GatewayMiddleware:
             raise Rejection(503, "service_unavailable", "the rate limiter's store is unavailable; retry shortly",
                             type_="server_error", headers={"retry-after": "1"})
 
-    async def _reserve(self, key, admission) -> dict:
+    async def _reserve(self, key, admission) -> Held:
         """Take every reservation the request needs, all or nothing (what was taken is released on failure)."""
         items = descriptors(key, self.settings, admission.cost)
-        held = {"key": key, "items": items, "reservation": None, "budget": None, "slot": None, "slot_name": None,
-                "headers": {}, "cost": admission.cost}
+        held = Held(key, items, admission.cost)
         try:
             if items:
                 decision = await self._limiter_call("reserve", items)
@@ -301,7 +318,7 @@ class GatewayMiddleware:
                     headers = rate_headers(decision, items)
                     if not decision.allowed:
                         raise self._denied(decision, items, headers, admission.cost)
-                    held["reservation"], held["headers"] = decision.reservation_id, headers
+                    held.reservation, held.headers = decision.reservation_id, headers
             estimate = self.policy.bill(admission.prompt_tokens, admission.completion_tokens)
             budgets = budget_items(key, to_micro(estimate["total_units"]), time.time())
             if budgets:
@@ -312,16 +329,16 @@ class GatewayMiddleware:
                         raise Rejection(429, "insufficient_quota", f"this API key's budget is used up for the {period};"
                                         " retrying will not help until it resets or an operator raises it",
                                         type_="insufficient_quota")
-                    held["budget"] = decision.reservation_id
+                    held.budget = decision.reservation_id
             if key.max_concurrent:
                 name = f"slots:{key.key_id}"
                 slot = await self._limiter_call("acquire_slot", name, key.max_concurrent, SLOT_LEASE_S)
                 if slot is None:
                     raise Rejection(429, "rate_limit_exceeded", f"this API key allows {key.max_concurrent} "
                                     "concurrent requests; wait for one to finish", type_="requests",
-                                    headers={**held["headers"], "retry-after": "1"})
+                                    headers={**held.headers, "retry-after": "1"})
                 if slot is not UNAVAILABLE:
-                    held["slot"], held["slot_name"] = slot, name
+                    held.slot, held.slot_name = slot, name
         except Rejection:
             await self._release(held)
             raise
@@ -341,7 +358,7 @@ class GatewayMiddleware:
 
     async def _release(self, held) -> None:
         """Give back whatever an admission that failed had taken (errors here must not mask the rejection)."""
-        for fn, arg in ((self.limiter.release, held["reservation"]), (self.limiter.release_quota, held["budget"])):
+        for fn, arg in ((self.limiter.release, held.reservation), (self.limiter.release_quota, held.budget)):
             if arg:
                 try:
                     await asyncio.to_thread(fn, arg)
@@ -351,25 +368,25 @@ class GatewayMiddleware:
     async def _renew_slot(self, held) -> None:
         while True:
             await asyncio.sleep(SLOT_LEASE_S / 3)
-            await self._limiter_call("renew_slot", held["slot_name"], held["slot"], SLOT_LEASE_S)
+            await self._limiter_call("renew_slot", held.slot_name, held.slot, SLOT_LEASE_S)
 
     def _reconcile(self, held, record) -> None:
         """Ledger callback (event loop): hand the request's settlement to one worker-thread job."""
         actual = record.usage_tokens  # the rule for n > 1: what usage says, the prompt counted once
-        adjust = {name: (amount if name.endswith(":rpm") else actual) for name, _, _, amount in held["items"]}
-        if held["reservation"] or held["budget"] or self.on_spike is not None:
+        adjust = {name: (amount if name.endswith(":rpm") else actual) for name, _, _, amount in held.items}
+        if held.reservation or held.budget or self.on_spike is not None:
             asyncio.get_running_loop().run_in_executor(None, self._settle, held, adjust, record)
 
     def _settle(self, held, adjust, record) -> None:
         """Worker thread: refund what the engine did not use, charge budgets their actual cost, run the spike
         check -- one thread hop per request for all three (each failure is logged; the others still run)."""
         steps = []
-        if held["reservation"]:
-            steps.append((self.limiter.adjust, held["reservation"], adjust))
-        if held["budget"]:
-            steps.append((self.limiter.adjust_quota, held["budget"], record.billed_total_micro))
+        if held.reservation:
+            steps.append((self.limiter.adjust, held.reservation, adjust))
+        if held.budget:
+            steps.append((self.limiter.adjust_quota, held.budget, record.billed_total_micro))
         if self.on_spike is not None:
-            steps.append((self.on_spike, held["key"], record))
+            steps.append((self.on_spike, held.key, record))
         for fn, *args in steps:
             try:
                 fn(*args)

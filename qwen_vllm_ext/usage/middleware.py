@@ -38,6 +38,19 @@ MAX_BODY_KEPT = 16 << 20  # request bytes kept for the record's model name and t
 COMMIT_TIMEOUT_S = 30.0
 
 
+@dataclasses.dataclass
+class Exchange:
+    """One HTTP exchange as the ledger middleware follows it."""
+
+    key: str  # this request's key in the account book (accounting.BOOK)
+    received_at: float
+    http_status: int = 0
+    disconnected: bool = False
+    recorded: bool = False
+    streamed: bool = False
+    body: bytearray = dataclasses.field(default_factory=bytearray)  # the request body (up to MAX_BODY_KEPT)
+
+
 def _status(totals: RequestTotals, http_status: int, disconnected: bool) -> str:
     if totals.finish in ("stop", "length"):
         return totals.finish
@@ -71,62 +84,64 @@ class UsageLedgerMiddleware:
         self._in_flight[engine_id] = 1
         headers.append((b"x-request-id", engine_id.encode()))
         scope = dict(scope, headers=headers)
-        state = {"received_at": time.time(), "http_status": 0, "disconnected": False, "recorded": False,
-                 "streamed": False, "body": bytearray(), "key": uuid.uuid4().hex}
+        state = Exchange(key=uuid.uuid4().hex, received_at=time.time())
 
         async def wrapped_receive():
             message = await receive()
             if message["type"] == "http.disconnect":
-                state["disconnected"] = True
-            elif message["type"] == "http.request" and len(state["body"]) < MAX_BODY_KEPT:
-                state["body"] += message.get("body", b"")
+                state.disconnected = True
+            elif message["type"] == "http.request" and len(state.body) < MAX_BODY_KEPT:
+                state.body += message.get("body", b"")
             return message
 
         async def wrapped_send(message):
             if message["type"] == "http.response.start":
-                state["http_status"] = message["status"]
+                state.http_status = message["status"]
                 for k, v in message.get("headers", []):
                     if k.lower() == b"content-type" and v.startswith(b"text/event-stream"):
-                        state["streamed"] = True
+                        state.streamed = True
                 message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", engine_id.encode())])
-            elif message["type"] == "http.response.body" and not state["recorded"]:
+            elif message["type"] == "http.response.body" and not state.recorded:
                 # vLLM sends the SSE terminator as a chunk of its own; model text may contain the same words
                 final = not message.get("more_body", False) or message.get("body", b"").strip() == b"data: [DONE]"
-                if final and state["http_status"] < 400:
+                if final and state.http_status < 400:
                     await self._record(scope, engine_id, state)
             try:
                 await send(message)
             except OSError:
-                state["disconnected"] = True
+                state.disconnected = True
                 raise
 
-        token = CURRENT_HTTP_REQUEST.set(state["key"])  # inherited by every task vLLM starts for this request
+        token = CURRENT_HTTP_REQUEST.set(state.key)  # inherited by every task vLLM starts for this request
         request = request_context(scope)
-        BOOK.on_open(state["key"], request.engine_started)  # the gateway's capacity backlog listens (context.py)
+        BOOK.on_open(state.key, request.engine_started)  # the gateway's capacity backlog listens (context.py)
         try:
             await self.app(scope, wrapped_receive, wrapped_send)
         except BaseException:
-            if not state["recorded"]:
-                state["http_status"] = state["http_status"] or 500
+            if not state.recorded:
+                state.http_status = state.http_status or 500
             raise
         finally:
             CURRENT_HTTP_REQUEST.reset(token)
-            if BOOK.forget_open(state["key"]) is not None:
+            if BOOK.forget_open(state.key) is not None:
                 request.engine_started()  # never reached the engine: nothing of it is queued any more
             self._in_flight.pop(engine_id, None)
-            if not state["recorded"]:
+            if not state.recorded:
                 # The request ended without a normal final message (client gone, error, cancellation): record
                 # it in the background; nothing is waiting for an acknowledgement any more.
                 task = asyncio.get_running_loop().create_task(self._record(scope, engine_id, state))
                 task.add_done_callback(_log_failure)
 
-    async def _record(self, scope, engine_id: str, state: dict) -> None:
+    async def _record(self, scope, engine_id: str, state: Exchange) -> None:
         """Build the record from the engine's counts and wait until it is durably committed."""
-        state["recorded"] = True
-        await BOOK.wait_settled(state["key"], SETTLE_TIMEOUT_S)
-        totals = RequestTotals.from_parts(BOOK.collect(state["key"]))
+        state.recorded = True
+        await BOOK.wait_settled(state.key, SETTLE_TIMEOUT_S)
+        totals = RequestTotals.from_parts(BOOK.collect(state.key))
         BOOK.expire()  # counts of requests whose recording failed must not pile up
-        body = await asyncio.to_thread(_parse_body, state["body"])  # up to 16 MB: off the event loop
+        request = find_request_context(scope)
+        body = request.body if request is not None and request.body is not None else None
+        if body is None:  # the gateway is off (it parses the body once and keeps it on the request context)
+            body = await asyncio.to_thread(_parse_body, state.body)  # up to 16 MB: off the event loop
         record = self._build_record(scope, engine_id, state, totals, _final_usage(scope), body)
         started = time.monotonic()
         try:
@@ -147,7 +162,6 @@ class UsageLedgerMiddleware:
             # Reconciliation (gateway refunds, budgets, spike breaker) needs the counts, not durability.
             if self.on_record is not None:
                 self.on_record(record, body)
-            request = find_request_context(scope)
             for callback in (request.on_usage if request is not None else ()):
                 callback(record)
 
@@ -158,7 +172,7 @@ class UsageLedgerMiddleware:
 
     def _build_record(self, scope, engine_id, state, totals: RequestTotals, final_usage, body: dict):
         now = time.time()
-        status = _status(totals, state["http_status"] or 200, state["disconnected"])
+        status = _status(totals, state.http_status or 200, state.disconnected)
         reasoning = 0  # reported where vLLM reports it (a reasoning parser is on), counted exactly by the engine hook
         if final_usage is not None and getattr(final_usage, "completion_tokens_details", None) is not None:
             reasoning = totals.reasoning_tokens
@@ -182,7 +196,7 @@ class UsageLedgerMiddleware:
             model=model,
             endpoint=scope["path"],
             status=status,
-            http_status=state["http_status"] or (499 if state["disconnected"] else 500),
+            http_status=state.http_status or (499 if state.disconnected else 500),
             prompt_tokens=totals.prompt_tokens,
             cached_tokens=totals.cached_tokens,
             completion_tokens=totals.completion_tokens,
@@ -190,11 +204,11 @@ class UsageLedgerMiddleware:
             engine_prompt_tokens=totals.engine_prompt_tokens,
             billed_prompt_micro=to_micro(bill["prompt_units"]),
             billed_completion_micro=to_micro(bill["completion_units"]),
-            received_at=state["received_at"],
+            received_at=state.received_at,
             finished_at=now,
-            ttft_s=(totals.first_token_at - state["received_at"]) if totals.first_token_at else None,
-            latency_s=now - state["received_at"],
-            streamed=state["streamed"],
+            ttft_s=(totals.first_token_at - state.received_at) if totals.first_token_at else None,
+            latency_s=now - state.received_at,
+            streamed=state.streamed,
             api_key_id=request.api_key_id if request is not None else None,
             conversation_id=conversation,
             reuse_ratio=reuse_ratio,
