@@ -29,6 +29,7 @@ class ServerContext:
     listing: Any = None  # provider.listing.ModelFacts per served model (openrouter on)
     prices: Any = None  # qwen_v3_calculator.billing.Prices (openrouter on)
     capacity: Any = None  # gateway.capacity.Backlog (max_queue_wait_s > 0)
+    kv: Any = None  # kv.server.KvState: the served template, the idle sleeper
 
 
 def server_context(app_or_state) -> ServerContext:

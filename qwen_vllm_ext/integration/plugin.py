@@ -108,7 +108,7 @@ class EndpointPlugin:
 
         @router.get(HEALTH_PATH)
         async def qwen_ext_health() -> dict:
-            return health_report()
+            return health_report(app)
 
         settings = Settings.current()
         problem = shared_state_problem(settings)
@@ -191,7 +191,9 @@ def instance_id() -> str:
     return usage_instance_id()
 
 
-def health_report() -> dict:
+def health_report(app=None) -> dict:
+    """The health route's report (``app``: the API server's, for its KV-reuse state)."""
+    from ..common.context import find_server_context
     from ..kv.server import status as kv_status
     from ..scheduling.metrics import scheduler_status
 
@@ -211,7 +213,7 @@ def health_report() -> dict:
         "instance_id": instance_id(),
         "plugin_loaded_in": roles,
         "scheduler": scheduler_status(),
-        "kv_reuse": kv_status(),
+        "kv_reuse": kv_status(getattr(find_server_context(app), "kv", None) if app is not None else None),
         "processes": processes,
         "settings": Settings.current().public(),
         "launch": _launch(),

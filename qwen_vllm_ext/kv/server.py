@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 
@@ -23,10 +24,14 @@ from .sleep import ASLEEP, IdleSleeper
 
 logger = logging.getLogger("qwen_vllm_ext.kv")
 
-_SLEEPER: IdleSleeper | None = None
-_TASK: asyncio.Task | None = None
-_TEMPLATE: str | None = None  # the calculator template vLLM serves ("qwen3-reuse" in reuse mode)
-_APPLIES: tuple[bool, str] | None = None  # does the reuse template apply to the served model (and why)
+@dataclasses.dataclass
+class KvState:
+    """This API server's KV-reuse state (on its server context, ``ServerContext.kv``)."""
+
+    sleeper: IdleSleeper | None = None  # idle_sleep_s > 0
+    task: asyncio.Task | None = None  # the sleeper's timer
+    template: str | None = None  # the calculator template vLLM serves ("qwen3-reuse" in reuse mode)
+    applies: tuple[bool, str] | None = None  # does the reuse template apply to the served model (and why)
 
 
 def sleep_metrics():
@@ -68,8 +73,9 @@ async def _send_json(send, status: int, body: dict) -> None:
 
 
 class KvMiddleware:
-    def __init__(self, app):
+    def __init__(self, app, kv: KvState):
         self.app = app
+        self.kv = kv
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not _is_engine_request(scope):
@@ -78,7 +84,7 @@ class KvMiddleware:
         if problem is not None:
             message, header = problem
             return await _send_json(send, 400, error_body(message, "invalid_conversation_id", param=header))
-        sleeper = _SLEEPER
+        sleeper = self.kv.sleeper
         if sleeper is None:
             return await self.app(scope, receive, send)
         try:
@@ -97,18 +103,25 @@ class KvMiddleware:
 
 def attach(app, settings) -> None:
     """Add the middleware and size this process's reuse tracker (called by the endpoint plugin)."""
+    from ..common.context import server_context
+
     reuse.configure(settings.kv_reuse_tracker_size)
     sleep_metrics()  # the families exist (at 0) on every server, so rules and panels always find them
-    app.add_middleware(KvMiddleware)
+    kv = server_context(app).kv = KvState()
+    app.add_middleware(KvMiddleware, kv=kv)
 
 
 async def init_state(engine_client, state, settings, args=None) -> None:
     """Record the served template; start the idle-sleep timer on this API server when ``idle_sleep_s > 0`` (the
     launcher has checked the platform supports sleep mode and added ``--enable-sleep-mode``)."""
-    global _SLEEPER, _TASK, _TEMPLATE, _APPLIES
+    from ..common.context import server_context
+
+    kv = server_context(state).kv
+    if kv is None:  # init_state without attach (a source-patched vLLM's hooks run both; tests may not)
+        kv = server_context(state).kv = KvState()
     if args is not None:
-        _TEMPLATE = reuse.served_template(args)
-        _APPLIES = reuse.reuse_template_applies(args.model)
+        kv.template = reuse.served_template(args)
+        kv.applies = reuse.reuse_template_applies(args.model)
     if settings.idle_sleep_s <= 0 or engine_client is None:
         return
 
@@ -118,23 +131,21 @@ async def init_state(engine_client, state, settings, args=None) -> None:
     async def wake():
         await engine_client.wake_up()
 
-    _SLEEPER = IdleSleeper(settings.idle_sleep_s, sleep, wake, on_event=_on_event)
+    kv.sleeper = IdleSleeper(settings.idle_sleep_s, sleep, wake, on_event=_on_event)
     if await engine_client.is_sleeping():
-        _SLEEPER.state = ASLEEP
-    sleep_metrics()["asleep"].set(1 if _SLEEPER.state == ASLEEP else 0)
-    _TASK = asyncio.get_running_loop().create_task(
-        _SLEEPER.run(poll_s=1.0, on_error=lambda e: logger.error("qwen-vllm-ext: putting the engine to sleep "
+        kv.sleeper.state = ASLEEP
+    sleep_metrics()["asleep"].set(1 if kv.sleeper.state == ASLEEP else 0)
+    kv.task = asyncio.get_running_loop().create_task(
+        kv.sleeper.run(poll_s=1.0, on_error=lambda e: logger.error("qwen-vllm-ext: putting the engine to sleep "
                                                                   "failed: %s", e)))
     logger.info("qwen-vllm-ext: idle sleep after %.0fs without requests", settings.idle_sleep_s)
 
 
-def sleeper_status() -> dict | None:
-    return None if _SLEEPER is None else _SLEEPER.status()
-
-
-def status() -> dict:
+def status(kv: KvState | None) -> dict:
     """For the health route: the chat template family served in this API server and the idle-sleep state."""
-    return {"reuse_template": _TEMPLATE in reuse.OFFICIAL_OF, "template": _TEMPLATE or "model default",
-            "reuse_template_applies": None if _APPLIES is None else _APPLIES[0],
-            "reuse_template_note": None if _APPLIES is None else _APPLIES[1],
-            "conversations_tracked": len(reuse.tracker()), "idle_sleep": sleeper_status()}
+    kv = kv or KvState()
+    return {"reuse_template": kv.template in reuse.OFFICIAL_OF, "template": kv.template or "model default",
+            "reuse_template_applies": None if kv.applies is None else kv.applies[0],
+            "reuse_template_note": None if kv.applies is None else kv.applies[1],
+            "conversations_tracked": len(reuse.tracker()),
+            "idle_sleep": None if kv.sleeper is None else kv.sleeper.status()}

@@ -363,8 +363,7 @@ def test_middleware_holds_requests_until_the_engine_is_awake(monkeypatch):
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"ok"})
 
-        monkeypatch.setattr(server, "_SLEEPER", s)
-        mw = server.KvMiddleware(app)
+        mw = server.KvMiddleware(app, kv=server.KvState(sleeper=s))
         clock.t += 10
         await s.tick()
         calls = [_call(mw) for _ in range(3)]
