@@ -42,11 +42,14 @@ def calculator_for_model(model: str | None, tokenizer: str | None = None, templa
     return Calculator(model="qwen3.6" if vocabulary == "qwen3.6" else None, template=template)
 
 
-def attach(app) -> None:
-    """Add the route; ``init_state`` puts the calculator and served model name on the server context."""
-    from fastapi import Request
+def router():
+    """The route (the integration layer includes the router); ``init_state`` puts the calculator and served model
+    name on the server context."""
+    from fastapi import APIRouter, Request
 
     from ..common.context import server_context
+
+    app = APIRouter()
 
     @app.post(COUNT_PATH)
     async def count_tokens(request: Request):
@@ -78,3 +81,5 @@ def attach(app) -> None:
         from qwen_v3_calculator.calculator import to_jsonable
 
         return {"model": body.get("model") or server_context(request.app).served_model, **to_jsonable(result)}
+
+    return app

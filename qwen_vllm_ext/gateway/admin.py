@@ -31,8 +31,11 @@ def _scope_fields(body: dict) -> dict:
     return fields
 
 
-def attach(app, key_store, admin_key: str) -> None:
-    from fastapi import Request
+def router(key_store, admin_key: str):
+    """The ``/qwen_ext/admin/keys`` routes (the integration layer includes the router)."""
+    from fastapi import APIRouter, Request
+
+    app = APIRouter()
 
     async def guarded(request: Request, work):
         if not admin_key:
@@ -96,3 +99,5 @@ def attach(app, key_store, admin_key: str) -> None:
         async def work():
             return (await asyncio.to_thread(key_store.revoke, key_id)).to_public_dict()
         return await guarded(request, work)
+
+    return app

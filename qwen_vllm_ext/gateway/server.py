@@ -7,8 +7,9 @@ import os
 logger = logging.getLogger("qwen_vllm_ext.gateway")
 
 
-def attach(app, settings) -> None:
-    """Add the gateway middleware and admin routes. Raises when a configured store cannot be reached."""
+def attach(app, settings) -> list:
+    """Add the gateway middleware; returns its routers (the admin routes) for the integration layer to include.
+    Raises when a configured store cannot be reached."""
     from qwen_v3_calculator.billing import get_policy
 
     from ..common.context import server_context
@@ -32,8 +33,8 @@ def attach(app, settings) -> None:
     inline = limiter.nonblocking() if hasattr(limiter, "nonblocking") else None  # SQLite: admission inline
     app.add_middleware(GatewayMiddleware, settings=settings, keys=KeyCache(key_store), limiter=limiter,
                        policy=get_policy(settings.billing_policy), on_spike=breaker.observe_sync, inline_limiter=inline)
-    admin.attach(app, key_store, settings.admin_key)
     logger.info("qwen-vllm-ext: gateway on (keys: %s, limiter: %s)", settings.ledger_backend, settings.limiter_backend)
+    return [admin.router(key_store, settings.admin_key)]
 
 
 def init_state(engine_client, state, args) -> None:

@@ -118,14 +118,14 @@ class EndpointPlugin:
 
         if metrics_route.wanted():  # several API-server processes: vLLM's /metrics would miss our collectors
             metrics_route.add_metrics_route(router)
-        app.include_router(router)
         ctx = install_server_context(app, settings)
         ctx.attached = True  # a source-patched vLLM's build_app hook then adds nothing
-        counting.attach(app)
         _register_collectors()
         from . import stack
 
-        stack.attach(app, ctx.settings, ledger="usage_accounting" in register_general()["patches"])
+        _, layer_routers = stack.attach(app, ctx.settings, ledger="usage_accounting" in register_general()["patches"])
+        for each in (router, counting.router(), *layer_routers):  # every route of the extension, added here
+            app.include_router(each)
 
     async def init_state(self, engine_client, state, args) -> None:
         ctx = install_server_context(state, Settings.current())

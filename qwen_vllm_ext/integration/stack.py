@@ -16,9 +16,10 @@ def _enabled(settings, ledger: bool) -> dict[str, bool]:
             "listing": bool(settings.openrouter), "kv": True}
 
 
-def attach(app, settings, ledger: bool) -> list[str]:
+def attach(app, settings, ledger: bool) -> tuple[list[str], list]:
     """Add the enabled layers to ``app`` (``ledger``: the usage-accounting runtime patch is active in this process,
-    without which there is no ledger). Returns the layers added, outermost first."""
+    without which there is no ledger). Returns the layers added, outermost first, and the routers they bring (the
+    caller includes them: routes are registered in one place, ``plugin.EndpointPlugin.attach_router``)."""
     enabled = _enabled(settings, ledger)
     if enabled["gateway"] and not ledger:
         raise RuntimeError("qwen-vllm-ext: the gateway needs the usage ledger (settings ledger=true and a supported "
@@ -34,6 +35,7 @@ def attach(app, settings, ledger: bool) -> list[str]:
     attach_fns = {"keepalive": provider_server.attach_keepalive, "usage": usage_server.attach,
                   "gateway": gateway_server.attach, "listing": provider_server.attach_listing, "kv": kv_server.attach}
     added = [name for name in LAYERS if enabled[name]]
+    routers = []
     for name in reversed(added):  # Starlette runs the middleware added last first
-        attach_fns[name](app, settings)
-    return added
+        routers += attach_fns[name](app, settings) or []
+    return added, routers
