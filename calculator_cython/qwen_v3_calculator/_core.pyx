@@ -651,6 +651,7 @@ cdef inline uint64_t _pairkey(int32_t a, int32_t b) noexcept nogil:
     return ((<uint64_t> <uint32_t> a) << PAIR_ID_BITS) | <uint32_t> b
 
 
+# ================================================================ Engine: one tokenizer instance
 cdef class Engine:
     """C core: vocabulary, merge table, added-token matcher, NFC, split scanner and BPE."""
     cdef char pad_head[64]        # engines of one batch run on different cores: no cache line of one engine's
@@ -721,6 +722,7 @@ cdef class Engine:
     cdef Py_ssize_t hcap
     cdef char pad_tail[64]
 
+    # ------------------------------------------------------------ lifetime
     def __cinit__(self):
         self.ntok = 0
         self.misses = 0
@@ -942,6 +944,7 @@ cdef class Engine:
             free(tmp)
         return 0
 
+    # ------------------------------------------------------------ per-character table (premerge, risk)
     cdef int _build_chars(self) except -1:
         """Which multi-byte characters may enter the merge loop as their own token instead of as bytes.
 
@@ -1212,6 +1215,7 @@ cdef class Engine:
                 ne += self.risk_hdr[self.csupp[i].risk].nl + self.risk_hdr[self.csupp[i].risk].nr
         return (n, nr, ne)
 
+    # ------------------------------------------------------------ constructors: from_tiktoken, from_vocab, clones
     @staticmethod
     def from_tiktoken(bytes data):
         """Engine from a tiktoken rank file (rank == id); merges derived as HF's exporter does."""
@@ -1452,7 +1456,7 @@ cdef class Engine:
             raise IndexError(t)
         return (<char*> self.arena)[self.tok_off[t]:self.tok_off[t] + self.tok_len[t]]
 
-    # ------------------------------------------------------------ BPE
+    # ------------------------------------------------------------ BPE of one piece (short and heap merge loops)
     cdef Py_ssize_t _bpe_into(self, const uint8_t* p, Py_ssize_t n, int32_t* dst) noexcept nogil:
         """HF BPE of one piece from its bytes: repeatedly apply the lowest-ranked merge (leftmost on ties).
         Long pieces need _ensure_scratch(n) first."""
@@ -1689,6 +1693,7 @@ cdef class Engine:
             k = nxt[k]
         return m
 
+    # ------------------------------------------------------------ output buffer and the piece pipeline (queue, piece cache)
     cdef int _ensure_scratch(self, Py_ssize_t n) except -1 nogil:
         if n <= self.hcap:
             return 0
@@ -1845,7 +1850,7 @@ cdef class Engine:
         memcpy(st.ids, ids, m * sizeof(int32_t))
         qv3_seq_unlock(&st.seq, v)
 
-    # ------------------------------------------------------------ split scanner
+    # ------------------------------------------------------------ split scanner (pre-tokenizer), then NFC, segments, texts
     cdef int _scan(self, const uint8_t* s, Py_ssize_t n) except -1 nogil:
         """Split one normalized segment with the Qwen pre-tokenizer regex and BPE every piece."""
         cdef Py_ssize_t i = 0, j, e, lastcr, lastch
@@ -2188,6 +2193,7 @@ cdef class Engine:
                 m += _put_utf8(o + m, c)
         return self._run(o, m, check)
 
+    # ------------------------------------------------------------ batches (worker threads) and the Python API
     cdef int _drain(self, Batch* b, bint helper) except -1 nogil:
         """Tokenize texts of the batch until none is left (any number of engines drain one batch at once); a
         helper thread's engine then counts itself out (qv3_exit: its last result is written)."""
@@ -2401,6 +2407,7 @@ _POOL_KEY = None
 _POOL_LOCK = threading.Lock()
 
 
+# ================================================================ batch plumbing, helpers, probes
 def _thread_pool(int workers):
     """The process's batch worker threads (created on first use, grown on demand, re-created in a forked
     child, whose copy of the parent's pool has no threads)."""

@@ -22,7 +22,9 @@ def test_workloads_are_the_chat_messages_and_sixteen_long_documents():
 
 
 def test_the_batch_worker_checks_every_result_and_the_report_judges_the_target(monkeypatch):
-    monkeypatch.setattr(bench, "BATCH_ROUNDS", 2)
+    from calculator_bench import workers  # importable once bench_calculator is (it puts benchmarks/ on sys.path)
+
+    monkeypatch.setattr(workers, "BATCH_ROUNDS", 2)
     out = bench.batch_worker(_corpus(), "")
     assert out["threads"] >= 1 and out["rounds"] == 2
     for w in out["workloads"].values():
