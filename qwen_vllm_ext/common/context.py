@@ -12,24 +12,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # names for the annotations only: nothing of the capabilities is imported at run time
+    from qwen_v3_calculator import Calculator
+    from qwen_v3_calculator.billing import Prices
+
+    from ..config import Settings
+    from ..gateway.admission import Served
+    from ..gateway.capacity import Backlog
+    from ..kv.server import KvState
+    from ..provider.listing import ModelFacts
+    from ..usage.ledger import LedgerStore
 
 STATE_KEY = "qwen_vllm_ext"
 
 
 @dataclasses.dataclass
 class ServerContext:
-    settings: Any
+    settings: Settings
     attached: bool = False  # the extension's routes and middlewares are on this app (plugin or source patch)
     initialized: bool = False  # init_state ran (plugin or source patch)
-    calculator: Any = None  # qwen_v3_calculator.Calculator for the served tokenizer and chat template
+    calculator: Calculator | None = None  # for the served tokenizer and chat template
     served_model: str | None = None  # the first served model name (vLLM's default model)
-    admission: Any = None  # gateway.admission.Served: what the gateway's admission needs (gateway on)
-    ledger_store: Any = None  # usage.ledger store (ledger on): the spike breaker reads baselines from it
-    listing: Any = None  # provider.listing.ModelFacts per served model (openrouter on)
-    prices: Any = None  # qwen_v3_calculator.billing.Prices (openrouter on)
-    capacity: Any = None  # gateway.capacity.Backlog (max_queue_wait_s > 0)
-    kv: Any = None  # kv.server.KvState: the served template, the idle sleeper
+    admission: Served | None = None  # what the gateway's admission needs (gateway on)
+    ledger_store: LedgerStore | None = None  # (ledger on): the spike breaker reads baselines from it
+    listing: list[ModelFacts] | None = None  # one per served model (openrouter on)
+    prices: Prices | None = None  # (openrouter on)
+    capacity: Backlog | None = None  # capacity 429s (max_queue_wait_s > 0)
+    kv: KvState | None = None  # the served template, the idle sleeper
 
 
 def server_context(app_or_state) -> ServerContext:

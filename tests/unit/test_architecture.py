@@ -21,12 +21,26 @@ def module_name(path: Path, package_root: Path, package: str) -> str:
     return ".".join([package, *parts])
 
 
-def imports(path: Path, name: str) -> set[str]:
-    """Absolute names of every module ``path`` imports (relative imports resolved; lazy imports included)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    is_package = path.name == "__init__.py"
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside ``if TYPE_CHECKING:`` blocks (annotations only: no import at run time)."""
     out = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            for stmt in node.body:
+                out |= {id(n) for n in ast.walk(stmt)}
+    return out
+
+
+def imports(path: Path, name: str) -> set[str]:
+    """Absolute names of every module ``path`` imports at run time (relative imports resolved; lazy imports
+    included; ``if TYPE_CHECKING:`` blocks left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_package = path.name == "__init__.py"
+    typing_only = _type_checking_only(tree)
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
