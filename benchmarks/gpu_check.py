@@ -251,11 +251,21 @@ def main(argv: list[str] | None = None) -> int:
         print("phase 1: stock vLLM vs the detected profile, same workload", flush=True)
         stock = start(common + plain_extra, work / "stock.log", plain=True, cpu=args.cpu_smoke, label="stock vLLM")
         servers.append(stock)
+        data = work / "profile-data"
+        # the smoke checks that the phase runs, not its figures: on the CPU the profile server starts while the stock
+        # run goes (a GPU run starts it afterwards, so the stock figures are not measured next to a loading server)
+        early = args.cpu_smoke
+        profile = start(["--qwen-data-dir", str(data), *common], work / "profile.log", label="profile server",
+                        wait=False) if early else None
+        if profile is not None:
+            servers.append(profile)
         a = storm(stock, work / "stock", FIXED[mode], checked=False)
         stock.stop()
-        data = work / "profile-data"
-        profile = start(["--qwen-data-dir", str(data), *common], work / "profile.log", label="profile server")
-        servers.append(profile)
+        if profile is None:
+            profile = start(["--qwen-data-dir", str(data), *common], work / "profile.log", label="profile server")
+            servers.append(profile)
+        else:
+            healthy(profile)
         health = httpx.get(profile.base_url + "/qwen_ext/health", timeout=30).json()
         tw_default = bool(health["settings"].get("token_weighted_scheduler"))
         b = storm(profile, work / "profile", FIXED[mode], checked=True, ledger=data / "ledger.sqlite3")

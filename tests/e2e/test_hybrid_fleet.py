@@ -16,7 +16,7 @@ from tests.redis_server import RedisServer
 
 from .test_fleet import STARTUP_TIMEOUT_S, round_robin_router
 
-TURNS = 5
+TURNS = 3  # turn 3 resumes from the checkpoint turn 2 left: a chain, as in longer conversations
 
 
 @pytest.fixture(scope="module")
