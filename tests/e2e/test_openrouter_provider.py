@@ -28,7 +28,18 @@ LONG = "hello world " * 1500  # ~3,000 prompt tokens: a prefill long enough for 
 
 
 @pytest.fixture(scope="module")
-def provider(tmp_path_factory):
+def refused_server(tmp_path_factory):
+    """A server whose listing would not describe its engine (the qwen3 demo runs float32 weights; the setting says
+    fp8): started with the module so that its start-up, which ends in the refusal, overlaps the other tests."""
+    tmp = tmp_path_factory.mktemp("refused")
+    server = Server(["--qwen-openrouter", "true", "--qwen-price-prompt", "0.1", "--qwen-listing-quantization", "fp8"],
+                    tmp / "refused.log", data_dir=tmp / "data")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def provider(tmp_path_factory, refused_server):
     data = tmp_path_factory.mktemp("provider")
     flags = [f for name, value in PRICES.items() for f in (f"--qwen-{name.replace('_', '-')}", value)]
     server = Server(["--model", MODEL, "--qwen-gateway", "true", "--qwen-spike-factor", "0", "--qwen-openrouter", "true",
@@ -269,16 +280,11 @@ def test_launcher_refuses_bad_provider_settings(flags, setting):
         proc.stderr
 
 
-def test_server_refuses_a_listing_that_does_not_describe_the_engine(tmp_path):
+def test_server_refuses_a_listing_that_does_not_describe_the_engine(refused_server):
     """The API server checks the listing against the engine it runs: the qwen3 demo runs float32 weights."""
-    server = Server(["--qwen-openrouter", "true", "--qwen-price-prompt", "0.1", "--qwen-listing-quantization", "fp8"],
-                    tmp_path / "refused.log", data_dir=tmp_path / "data")
-    try:
-        server.proc.wait(timeout=600)
-        log = server.log_tail(200)
-    finally:
-        server.stop()
-    assert server.proc.returncode != 0
+    refused_server.proc.wait(timeout=600)
+    log = refused_server.log_tail(200)
+    assert refused_server.proc.returncode != 0
     assert "setting 'listing_quantization': the engine runs unquantized torch.float32 weights, which is not 'fp8'" in log
 
 
