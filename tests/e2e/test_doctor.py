@@ -64,20 +64,33 @@ def test_gateway_off_is_a_warning_with_the_fix(demo_server):
     assert [c for c in not_passing(checks) if c["name"] != "gateway"] == []
 
 
-def doctor_on_launcher(tmp_path_factory, name: str, argv: list[str]) -> tuple[int, dict[str, dict]]:
-    """Start a launcher server with ``argv``, run the doctor against it, stop it."""
-    server = Server(argv, tmp_path_factory.mktemp("logs") / f"{name}.log", data_dir=tmp_path_factory.mktemp(name))
-    try:
-        server.wait_healthy()
-        return doctor(server)
-    finally:
-        server.stop()
+class PlainVllm(ServeProcess):
+    def __init__(self, argv, log_path, env):
+        ServeProcess.__init__(self, argv, log_path, env=env, module="vllm.entrypoints.openai.api_server")
 
 
-def test_prefix_caching_and_the_reuse_template_off_each_get_their_finding_and_fix(tmp_path_factory):
+@pytest.fixture(scope="module")
+def misconfigured_servers(tmp_path_factory):
+    """The two misconfigured servers the tests below diagnose, started together (their start-ups overlap)."""
+    import os
+
+    logs = tmp_path_factory.mktemp("logs")
+    misconfigured = Server(["--no-enable-prefix-caching", "--qwen-kv-reuse-template", "false"],
+                           logs / "misconfigured.log", data_dir=tmp_path_factory.mktemp("misconfigured"))
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}  # vLLM's default: no endpoint plugins
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    plain = PlainVllm(["--model", str(ensure_demo_model()), "--dtype", "float32", "--enforce-eager",
+                       "--max-model-len", "2048"], logs / "plain.log", env=env)
+    yield {"misconfigured": misconfigured, "plain": plain}
+    misconfigured.stop()
+    plain.stop()
+
+
+def test_prefix_caching_and_the_reuse_template_off_each_get_their_finding_and_fix(misconfigured_servers):
     """Two misconfigurations on one server (one start instead of two): each check names its own."""
-    code, checks = doctor_on_launcher(tmp_path_factory, "misconfigured",
-                                      ["--no-enable-prefix-caching", "--qwen-kv-reuse-template", "false"])
+    server = misconfigured_servers["misconfigured"]
+    server.wait_healthy()
+    code, checks = doctor(server)
     st = statuses(checks)
     assert code == 1 and st["prefix caching"] == "FAIL" and st["cached tokens"] == "FAIL", checks
     assert "enable-prefix-caching" in checks["prefix caching"]["fix"]
@@ -89,24 +102,10 @@ def test_prefix_caching_and_the_reuse_template_off_each_get_their_finding_and_fi
     assert st["usage on every chunk"] == st["token count"] == st["ledger"] == "PASS", checks
 
 
-class PlainVllm(ServeProcess):
-    def __init__(self, argv, log_path, env):
-        ServeProcess.__init__(self, argv, log_path, env=env, module="vllm.entrypoints.openai.api_server")
-
-
-def test_without_the_endpoint_plugin_the_doctor_says_how_to_load_it(tmp_path_factory):
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}  # vLLM's default: no endpoint plugins
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    server = PlainVllm(["--model", str(ensure_demo_model()), "--dtype", "float32", "--enforce-eager",
-                        "--max-model-len", "2048"],
-                       tmp_path_factory.mktemp("logs") / "plain.log", env=env)
-    try:
-        server.wait_healthy(STARTUP_TIMEOUT_S)
-        code, checks = doctor(server)
-    finally:
-        server.stop()
+def test_without_the_endpoint_plugin_the_doctor_says_how_to_load_it(misconfigured_servers):
+    server = misconfigured_servers["plain"]
+    server.wait_healthy(STARTUP_TIMEOUT_S)
+    code, checks = doctor(server)
     assert code == 1 and checks["plugin"]["status"] == "FAIL", checks
     assert "VLLM_PLUGINS" in checks["plugin"]["fix"] and "qwen_vllm_ext.serve" in checks["plugin"]["fix"]
     assert list(checks) == ["server", "plugin"]  # nothing further can be checked without the plugin
