@@ -185,14 +185,24 @@ def test_metrics_and_access_log(demo_server):
     assert "not a list" not in log.read_text()  # no request text in the log
 
 
-def test_several_api_server_processes_share_the_sqlite_ledger(tmp_path_factory):
-    server = Server(["--api-server-count", "2"], tmp_path_factory.mktemp("logs") / "multi.log",
-                    data_dir=tmp_path_factory.mktemp("multi"))
-    try:
-        server.wait_healthy()
-        run_mix(server, sqlite_store(server))
-    finally:
+@pytest.fixture(scope="module")
+def multi_and_stock(tmp_path_factory):
+    """Two servers started together (their start-ups overlap): two API-server processes sharing the SQLite ledger,
+    and one with per_chunk_usage=false."""
+    logs = tmp_path_factory.mktemp("logs")
+    servers = {"multi": Server(["--api-server-count", "2"], logs / "multi.log", data_dir=tmp_path_factory.mktemp("multi")),
+               "stock": Server(["--qwen-per-chunk-usage", "false"], logs / "stock.log",
+                               data_dir=tmp_path_factory.mktemp("stock"))}
+    yield servers
+    for server in servers.values():
         server.stop()
+
+
+def test_several_api_server_processes_share_the_sqlite_ledger(multi_and_stock):
+    server = multi_and_stock["multi"]
+    server.wait_healthy()
+    run_mix(server, sqlite_store(server))
+    server.stop()  # done with it: the memory goes back before the next servers start
 
 
 def test_repeated_prompt_shows_cached_tokens_on_every_chunk(demo_server):
@@ -209,20 +219,17 @@ def test_repeated_prompt_shows_cached_tokens_on_every_chunk(demo_server):
     assert record.cached_tokens == usage["prompt_tokens_details"]["cached_tokens"] > 0
 
 
-def test_stock_behaviour_setting(tmp_path_factory):
+def test_stock_behaviour_setting(multi_and_stock):
     """per_chunk_usage=false restores vLLM's behaviour: no usage unless the client asks for it."""
-    server = Server(["--qwen-per-chunk-usage", "false"], tmp_path_factory.mktemp("logs") / "stock.log",
-                    data_dir=tmp_path_factory.mktemp("stock"))
-    try:
-        server.wait_healthy()
-        client = httpx.Client(base_url=server.base_url, timeout=120)
-        body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-        chunks = stream(client, body, "stock-1")
-        assert chunks and all("usage" not in c or c["usage"] is None for c in chunks)
-        record = wait_for_records(sqlite_store(server), ["stock-1"])["stock-1"]
-        assert record.completion_tokens == 3  # the ledger still records
-    finally:
-        server.stop()
+    server = multi_and_stock["stock"]
+    server.wait_healthy()
+    client = httpx.Client(base_url=server.base_url, timeout=120)
+    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    chunks = stream(client, body, "stock-1")
+    assert chunks and all("usage" not in c or c["usage"] is None for c in chunks)
+    record = wait_for_records(sqlite_store(server), ["stock-1"])["stock-1"]
+    assert record.completion_tokens == 3  # the ledger still records
+    server.stop()
 
 
 def test_kill_9_loses_no_completed_request_and_restart_keeps_the_ledger(tmp_path_factory):
@@ -283,7 +290,17 @@ def test_kill_9_loses_no_completed_request_and_restart_keeps_the_ledger(tmp_path
 
 
 @pytest.fixture(scope="module")
-def redis_ledger_server(redis_server, tmp_path_factory):
+def unreachable_redis_server(tmp_path_factory):
+    """A server pointed at a Redis nobody listens on: started with the Redis-ledger server, so that its start-up,
+    which ends in the refusal, overlaps that one's."""
+    server = Server(["--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", f"redis://127.0.0.1:{free_port()}/0"],
+                    tmp_path_factory.mktemp("logs") / "noredis.log", data_dir=tmp_path_factory.mktemp("noredis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_ledger_server(redis_server, tmp_path_factory, unreachable_redis_server):
     server = Server(["--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", redis_server.url],
                     tmp_path_factory.mktemp("logs") / "redis.log", data_dir=tmp_path_factory.mktemp("redisdata"))
     server.wait_healthy()
@@ -295,14 +312,10 @@ def test_mixed_load_redis(redis_ledger_server, redis_server):
     run_mix(redis_ledger_server, open_store("redis", redis_server.url))
 
 
-def test_unreachable_redis_refuses_to_start(tmp_path_factory):
-    server = Server(["--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", f"redis://127.0.0.1:{free_port()}/0"],
-                    tmp_path_factory.mktemp("logs") / "noredis.log", data_dir=tmp_path_factory.mktemp("noredis"))
-    try:
-        assert server.proc.wait(timeout=300) != 0
-        assert "redis://127.0.0.1" in server.log_tail(400)
-    finally:
-        server.stop()
+def test_unreachable_redis_refuses_to_start(unreachable_redis_server):
+    server = unreachable_redis_server
+    assert server.proc.wait(timeout=300) != 0
+    assert "redis://127.0.0.1" in server.log_tail(400)
 
 
 def test_anthropic_messages_stream_usage_events_carry_cached_tokens(demo_server):
