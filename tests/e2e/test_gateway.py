@@ -43,11 +43,21 @@ def gateway_server(tmp_path_factory, name, extra=()):
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory):
-    server, data = gateway_server(tmp_path_factory, "gw")
+def gw_servers(tmp_path_factory):
+    """The module's two gateway servers, started together (their start-ups overlap): on the KV-reuse template and
+    on the model's own."""
+    servers = {"gw": gateway_server(tmp_path_factory, "gw"),
+               "stock": gateway_server(tmp_path_factory, "gw-stock", ("--qwen-kv-reuse-template", "false"))}
+    yield servers
+    for server, _ in servers.values():
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(gw_servers):
+    server, data = gw_servers["gw"]
     server.wait_healthy()
-    yield server, data
-    server.stop()
+    return server, data
 
 
 def barrier_burst(server, secret, n=200, max_tokens=5):
@@ -398,12 +408,11 @@ def run_field_mix(server, seed, count, name, model=SERVED_NAME):
 
 
 @pytest.fixture(scope="module")
-def gw_stock(tmp_path_factory):
+def gw_stock(gw_servers):
     """The gateway on the model's own (official Qwen3) chat template instead of the KV-reuse one."""
-    server, data = gateway_server(tmp_path_factory, "gw-stock", ("--qwen-kv-reuse-template", "false"))
+    server, data = gw_servers["stock"]
     server.wait_healthy()
-    yield server, data
-    server.stop()
+    return server, data
 
 
 @pytest.mark.parametrize("template", ["qwen3-reuse", "qwen3"])
