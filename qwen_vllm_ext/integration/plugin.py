@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 
 from .. import __version__
+from ..common.context import install_server_context
+from ..config import Settings
 from ..counting import server as counting
 from ..observability import status
-from ..integration.vllm_version import require_vllm, unsupported_message, version_supported
-from ..config import Settings
-from ..common.context import install_server_context
 from ..store.locations import shared_state_problem
 from .guard import check_patch
 from .runtime_patches import runtime_patches
+from .vllm_version import require_vllm, unsupported_message, version_supported
 
 logger = logging.getLogger("qwen_vllm_ext")
 
@@ -63,7 +63,7 @@ def register_general(runtime: bool = True) -> dict:
         (logger.info if not settings.enabled else logger.warning)("qwen-vllm-ext: %s", reason)
     applied, source, disabled = [], [], {}
     role = status.process_role()
-    if role == "engine_core":  # the scheduler's policy, passed in (also for an explicit --scheduler-cls)
+    if allowed and role == "engine_core":  # the scheduler's policy, passed in (also for an explicit --scheduler-cls)
         from ..scheduling.vllm_scheduler import bind_policy
 
         bind_policy(settings.scheduler)
