@@ -3,9 +3,10 @@
 Each store opens its own :class:`Database` on its file; several processes share a file through SQLite's WAL
 and its write lock. A :class:`Database`:
 
-* connects with ``isolation_level=None`` (transactions are issued explicitly), a busy timeout, WAL and the
-  store's ``synchronous`` level (``FULL`` for the ledger and keys: a record acknowledged is on disk;
-  ``NORMAL`` for limiter state, which may lose the last transactions in a power cut but never corrupts);
+* connects with ``isolation_level=None`` (transactions are issued explicitly), a busy timeout, WAL (the switch
+  retried while other connections make it) and the store's ``synchronous`` level (``FULL`` for the ledger and
+  keys: a record acknowledged is on disk; ``NORMAL`` for limiter state, which may lose the last transactions in
+  a power cut but never corrupts);
 * serializes its users with a lock (one connection, any thread);
 * reconnects after ``fork()``: a child never shares the parent's connection;
 * runs every write as one ``BEGIN IMMEDIATE`` transaction (:meth:`transaction`), rolled back on any error.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -54,12 +56,27 @@ class Database:
         self.conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None,
                                     check_same_thread=False)
         self.conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        self.conn.execute("PRAGMA journal_mode = WAL")
+        self._switch_to_wal()
         self.conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         if not self.blocking:
             self.conn.execute("PRAGMA busy_timeout = 0")
             self.conn.execute("PRAGMA wal_autocheckpoint = 0")
         self._pid = os.getpid()
+
+    def _switch_to_wal(self) -> None:
+        """``PRAGMA journal_mode = WAL``, retried until the busy timeout. Connections that open a new file at once
+        (API-server processes starting together) race to switch it, and SQLite answers the losers "database is
+        locked" at once instead of calling their busy handler (waiting could deadlock), so the retry is ours."""
+        deadline, pause = time.monotonic() + self.busy_timeout_s, 0.005
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
 
     def twin(self, *, blocking: bool) -> "Database":
         """Another connection to the same file with the same settings."""

@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -234,6 +235,30 @@ def test_several_processes_write_the_same_ledger(target):
         assert store.report("day") == _report("day", expected)
     finally:
         store.close()
+
+
+def test_a_new_ledger_file_opens_while_another_connection_switches_it(tmp_path):
+    """API-server processes start together on a fresh data dir and race to switch the new ledger file to WAL.
+    SQLite answers the loser "database is locked" at once, without waiting (a CI run saw one of two API servers
+    die of it). Made deterministic: another connection holds a write transaction on the new file for 0.5 s; the
+    store waits for it and opens."""
+    path = tmp_path / "ledger.sqlite3"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE t (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO t VALUES (1)")
+    timer = threading.Timer(0.5, other.execute, ("COMMIT",))
+    timer.start()
+    began = time.monotonic()
+    try:
+        store = SqliteLedgerStore(str(path))
+    finally:
+        timer.join()
+        other.close()
+    assert time.monotonic() - began >= 0.4  # it waited for the other connection instead of failing
+    store.write_batch([make("after-race", 1)])
+    assert store.get("after-race") is not None
+    store.close()
 
 
 # --------------------------------------------------------------------------------------------- writer
