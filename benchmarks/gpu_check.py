@@ -157,16 +157,26 @@ COMPARE = {"gpu": {"loads": (0.8, 1.2, 1.7), "repeats": 3, "span_s": 6.0, "mem":
 SIDES = (("fcfs_a", "false"), ("fcfs_b", "false"), ("token_weighted", "true"))
 
 
-def scheduler_comparison(mode: str, common: list[str], work: Path, servers: list, checks: Check) -> dict:
-    from qwen_vllm_ext.bench.paired import judge, ratio_interval
-
+def start_sides(mode: str, common: list[str], work: Path, servers: list) -> dict:
+    """The comparison's three servers: on a GPU one at a time, each healthy before the next (each measures the
+    memory it may take); on the CPU all at once, not waited for."""
     cfg = COMPARE[mode]
     extra = ["--gpu-memory-utilization", cfg["mem"]] if cfg["mem"] else []
     live = {}
-    for name, tw in SIDES:  # on a GPU one at a time (each measures the memory it may take); on the CPU all at once
+    for name, tw in SIDES:
         argv = ["--qwen-data-dir", str(work / f"{name}-data"), "--qwen-token-weighted-scheduler", tw, *extra, *common]
         live[name] = start(argv, work / f"{name}.log", label=f"{name} server", wait=mode == "gpu")
         servers.append(live[name])
+    return live
+
+
+def scheduler_comparison(mode: str, common: list[str], work: Path, servers: list, checks: Check,
+                         live: dict | None = None) -> dict:
+    """``live``: the three servers of :func:`start_sides` when already started."""
+    from qwen_vllm_ext.bench.paired import judge, ratio_interval
+
+    cfg = COMPARE[mode]
+    live = live or start_sides(mode, common, work, servers)
     if mode != "gpu":
         for server in live.values():
             healthy(server)
@@ -249,18 +259,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # ---- 1. stock vs profile --------------------------------------------------------------------------
         print("phase 1: stock vLLM vs the detected profile, same workload", flush=True)
-        stock = start(common + plain_extra, work / "stock.log", plain=True, cpu=args.cpu_smoke, label="stock vLLM")
+        # the smoke checks that the phases run, not their figures: on the CPU the profile server starts with the
+        # stock one, and the comparison's three as soon as the stock run is over (a GPU run starts each server after
+        # the previous one stopped, so that no figure is measured next to a loading server)
+        early = args.cpu_smoke
+        stock = start(common + plain_extra, work / "stock.log", plain=True, cpu=args.cpu_smoke, label="stock vLLM",
+                      wait=not early)
         servers.append(stock)
         data = work / "profile-data"
-        # the smoke checks that the phase runs, not its figures: on the CPU the profile server starts while the stock
-        # run goes (a GPU run starts it afterwards, so the stock figures are not measured next to a loading server)
-        early = args.cpu_smoke
         profile = start(["--qwen-data-dir", str(data), *common], work / "profile.log", label="profile server",
                         wait=False) if early else None
         if profile is not None:
             servers.append(profile)
+            healthy(stock)
         a = storm(stock, work / "stock", FIXED[mode], checked=False)
         stock.stop()
+        sides = start_sides(mode, common, work, servers) if early else None
         if profile is None:
             profile = start(["--qwen-data-dir", str(data), *common], work / "profile.log", label="profile server")
             servers.append(profile)
@@ -282,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         # ---- 2. scheduler comparison: A/A and A/B, interleaved -------------------------------------------
         profile.stop()
         print("phase 2: scheduler comparison (FCFS against FCFS, token-weighted against FCFS, interleaved)", flush=True)
-        result["phases"]["scheduler"] = scheduler_comparison(mode, common, work, servers, checks)
+        result["phases"]["scheduler"] = scheduler_comparison(mode, common, work, servers, checks, sides)
         if not args.cpu_smoke:  # the evidence a GPU profile needs to ship the scheduler on (issue #35's rule)
             from qwen_vllm_ext.profiles import select_profile
 

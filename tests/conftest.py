@@ -61,6 +61,22 @@ def qwen36_tokenizer_dir(tmp_path_factory):
     return d
 
 
+# ---- two workers (pyproject's addopts: pytest-xdist, -n 2) -----------------------------------------------------------
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduler with two kinds of scope: every end-to-end test is one scope, run in file order by one
+    worker (their servers take gigabytes of memory and most of a core each, so they run one module at a time as
+    before); every other module is a scope of its own (its module fixtures built once), run by the other worker
+    meanwhile."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EndToEndOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "e2e" if path.startswith("tests/e2e/") else path
+
+    return EndToEndOnOneWorker(config, log)
+
+
 # ---- time per test module (issue 37: the suite's budget is tracked per module) ---------------------------------------
 _MODULE_SECONDS: dict[str, float] = {}
 

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -59,7 +60,7 @@ class ServeProcess:
     def log_tail(self, n: int = 120) -> str:
         return log_tail(self.log_path, n)
 
-    def wait_healthy(self, timeout: float = 600.0, poll_s: float = 1.0) -> float:
+    def wait_healthy(self, timeout: float = 600.0, poll_s: float = 0.25) -> float:
         """Seconds until ``GET /health`` answered 200; raises :class:`ServerStartError` (and stops the server on
         a timeout) otherwise."""
         start = time.monotonic()
@@ -123,6 +124,7 @@ class FleetProcess:
                  fleet_args: Sequence[str] = (), serve_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  cwd: str | os.PathLike | None = None) -> None:
         self.replicas = replicas
+        self.data_dir = Path(data_dir)
         self.port = free_port_block(replicas + 3)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.replica_urls = [f"http://127.0.0.1:{self.port + 1 + i}" for i in range(replicas)]
@@ -147,7 +149,7 @@ class FleetProcess:
             with open(self.log_path, errors="replace") as f:
                 if "fleet ready:" in f.read():
                     return time.monotonic() - start
-            time.sleep(1.0)
+            time.sleep(0.25)
         self.stop()
         raise ServerStartError(f"the fleet was not ready after {timeout:.0f}s (log {self.log_path}):\n"
                                f"{self.log_tail()}")

@@ -19,18 +19,23 @@ import pytest
 
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
-from .conftest import Server
+from .conftest import Server, early
 
 MODEL = "qwen3-demo"
+EARLY_GB = 6.5  # two engine cores and two API-server processes
+
+
+def start_early(tmp_path_factory) -> dict:
+    data = tmp_path_factory.mktemp("dp")
+    return {"dp": Server(["--data-parallel-size", "2", "--qwen-token-weighted-scheduler", "true"],
+                         data / "server.log", data_dir=data)}
 
 
 @pytest.fixture(scope="module")
-def dp_server(tmp_path_factory):
+def dp_server(request):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("this test needs 2 cores (one per data-parallel engine)")
-    data = tmp_path_factory.mktemp("dp")
-    server = Server(["--data-parallel-size", "2", "--qwen-token-weighted-scheduler", "true"], data / "server.log",
-                    data_dir=data)
+    server = early(request, start_early)["dp"]
     server.wait_healthy()
     yield server
     server.stop()

@@ -5,6 +5,7 @@ with its fix — gateway off, prefix caching off and the reuse template off (one
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ import pytest
 from qwen_vllm_ext.bench.server import ServeProcess
 from qwen_vllm_ext.demo import ensure_demo_model
 
-from .conftest import STARTUP_TIMEOUT_S, Server
+from .conftest import STARTUP_TIMEOUT_S, Server, early
 from .test_gateway import ADMIN, gateway_server
 
 
@@ -33,9 +34,38 @@ def not_passing(checks: dict[str, dict]) -> list[dict]:
     return [c for c in checks.values() if c["status"] != "PASS"]
 
 
-def test_a_well_configured_server_passes_every_check(tmp_path_factory):
-    server, _ = gateway_server(tmp_path_factory, "doctor-ok", extra=["--qwen-token-weighted-scheduler", "true",
-                                                                     "--qwen-spike-factor", "0"])
+EARLY_GB = 10  # three servers
+
+
+def start_early(tmp_path_factory) -> dict:
+    """A well-configured server and the two misconfigured ones the tests below diagnose, started together (their
+    start-ups overlap)."""
+    ok = gateway_server(tmp_path_factory, "doctor-ok", extra=["--qwen-token-weighted-scheduler", "true",
+                                                              "--qwen-spike-factor", "0"])
+    logs = tmp_path_factory.mktemp("logs")
+    misconfigured = Server(["--no-enable-prefix-caching", "--qwen-kv-reuse-template", "false"],
+                           logs / "misconfigured.log", data_dir=tmp_path_factory.mktemp("misconfigured"))
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}  # vLLM's default: no endpoint plugins
+    plain = PlainVllm(["--model", str(ensure_demo_model()), "--dtype", "float32", "--enforce-eager",
+                       "--max-model-len", "2048"], logs / "plain.log", env=env)
+    return {"ok": ok, "misconfigured": misconfigured, "plain": plain}
+
+
+class PlainVllm(ServeProcess):
+    def __init__(self, argv, log_path, env):
+        ServeProcess.__init__(self, argv, log_path, env=env, module="vllm.entrypoints.openai.api_server")
+
+
+@pytest.fixture(scope="module")
+def doctor_servers(request):
+    servers = early(request, start_early)
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+def test_a_well_configured_server_passes_every_check(doctor_servers):
+    server = doctor_servers["ok"]
     try:
         server.wait_healthy()
         with httpx.Client(base_url=server.base_url, timeout=60) as c:
@@ -64,31 +94,9 @@ def test_gateway_off_is_a_warning_with_the_fix(demo_server):
     assert [c for c in not_passing(checks) if c["name"] != "gateway"] == []
 
 
-class PlainVllm(ServeProcess):
-    def __init__(self, argv, log_path, env):
-        ServeProcess.__init__(self, argv, log_path, env=env, module="vllm.entrypoints.openai.api_server")
-
-
-@pytest.fixture(scope="module")
-def misconfigured_servers(tmp_path_factory):
-    """The two misconfigured servers the tests below diagnose, started together (their start-ups overlap)."""
-    import os
-
-    logs = tmp_path_factory.mktemp("logs")
-    misconfigured = Server(["--no-enable-prefix-caching", "--qwen-kv-reuse-template", "false"],
-                           logs / "misconfigured.log", data_dir=tmp_path_factory.mktemp("misconfigured"))
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}  # vLLM's default: no endpoint plugins
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    plain = PlainVllm(["--model", str(ensure_demo_model()), "--dtype", "float32", "--enforce-eager",
-                       "--max-model-len", "2048"], logs / "plain.log", env=env)
-    yield {"misconfigured": misconfigured, "plain": plain}
-    misconfigured.stop()
-    plain.stop()
-
-
-def test_prefix_caching_and_the_reuse_template_off_each_get_their_finding_and_fix(misconfigured_servers):
+def test_prefix_caching_and_the_reuse_template_off_each_get_their_finding_and_fix(doctor_servers):
     """Two misconfigurations on one server (one start instead of two): each check names its own."""
-    server = misconfigured_servers["misconfigured"]
+    server = doctor_servers["misconfigured"]
     server.wait_healthy()
     code, checks = doctor(server)
     st = statuses(checks)
@@ -102,8 +110,8 @@ def test_prefix_caching_and_the_reuse_template_off_each_get_their_finding_and_fi
     assert st["usage on every chunk"] == st["token count"] == st["ledger"] == "PASS", checks
 
 
-def test_without_the_endpoint_plugin_the_doctor_says_how_to_load_it(misconfigured_servers):
-    server = misconfigured_servers["plain"]
+def test_without_the_endpoint_plugin_the_doctor_says_how_to_load_it(doctor_servers):
+    server = doctor_servers["plain"]
     server.wait_healthy(STARTUP_TIMEOUT_S)
     code, checks = doctor(server)
     assert code == 1 and checks["plugin"]["status"] == "FAIL", checks

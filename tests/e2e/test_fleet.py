@@ -38,6 +38,8 @@ from qwen_vllm_ext.fleet.plan import ROUTER_FLAGS
 from qwen_vllm_ext.usage.ledger import open_store
 from tests.redis_server import RedisServer
 
+from .conftest import early
+
 ADMIN = "fleet-admin-secret"
 MODEL = "qwen3-demo"
 TURNS = 10
@@ -46,25 +48,44 @@ SERVE_ARGS = ["--qwen-gateway", "true", "--qwen-admin-key", ADMIN, "--qwen-spike
               "--qwen-limiter-failure", "closed"]
 
 
-@pytest.fixture(scope="module")
-def redis_srv():
-    server = RedisServer().start()
-    yield server
-    server.cleanup()
+EARLY_GB = 11  # three replicas, two routers, two Redis
 
 
-@pytest.fixture(scope="module")
-def fleet(redis_srv, tmp_path_factory):
+def start_early(tmp_path_factory) -> dict:
+    """The module's fleet (two replicas, on a Redis the tests stop and start) and the one-replica fleet that the
+    SIGKILL test kills, started together (their start-ups overlap)."""
+    redis = RedisServer().start()
     data = tmp_path_factory.mktemp("fleet")
-    proc = FleetProcess(2, data / "fleet.log", data / "data", fleet_args=["--redis-url", redis_srv.url],
-                        serve_args=SERVE_ARGS)
+    fleet = FleetProcess(2, data / "fleet.log", data / "data", fleet_args=["--redis-url", redis.url],
+                         serve_args=SERVE_ARGS)
+    fleet.data = data
+    single = tmp_path_factory.mktemp("single")
+    return {"redis": redis, "fleet": fleet,
+            "single": FleetProcess(1, single / "fleet.log", single / "data", serve_args=SERVE_ARGS)}
+
+
+@pytest.fixture(scope="module")
+def started(request):
+    procs = early(request, start_early)
+    yield procs
+    for name in ("single", "fleet"):
+        procs[name].stop()
+    procs["redis"].cleanup()
+
+
+@pytest.fixture(scope="module")
+def redis_srv(started):
+    return started["redis"]
+
+
+@pytest.fixture(scope="module")
+def fleet(started):
+    proc = started["fleet"]
     try:
         proc.wait_ready(STARTUP_TIMEOUT_S)
     except ServerStartError as exc:
         pytest.fail(str(exc))
-    proc.data = data
-    yield proc
-    proc.stop()
+    return proc
 
 
 def admin(url: str):
@@ -357,12 +378,12 @@ def test_sigterm_stops_every_process_of_the_fleet(fleet):
         time.sleep(0.5)
 
 
-def test_sigkill_of_the_fleet_command_leaves_nothing_running(tmp_path):
+def test_sigkill_of_the_fleet_command_leaves_nothing_running(started):
     """One replica and the fleet's own Redis (persistent, in the data dir): kill -9 the fleet command."""
-    proc = FleetProcess(1, tmp_path / "fleet.log", tmp_path / "data", serve_args=SERVE_ARGS)
+    proc = started["single"]
     try:
         proc.wait_ready(STARTUP_TIMEOUT_S)
-        assert (tmp_path / "data" / "redis" / "appendonlydir").is_dir()
+        assert (proc.data_dir / "redis" / "appendonlydir").is_dir()
         pids = proc.pids()
         names = {psutil.Process(p).name() for p in pids}
         assert "redis-server" in names and "vllm::router" in names, names

@@ -13,7 +13,7 @@ import pytest
 from qwen_vllm_ext.demo import SERVED_NAME
 
 from ..redis_server import RedisServer
-from .conftest import Server
+from .conftest import Server, early
 
 ADMIN = "admin-secret-for-tests-0001"
 HI = [{"role": "user", "content": "hi"}]  # 9 prompt tokens with the Qwen3 template
@@ -34,41 +34,55 @@ def chat(client, secret, messages=HI, max_tokens=5, model=SERVED_NAME, **extra):
                              "ignore_eos": True, **extra})
 
 
-def gateway_server(tmp_path_factory, name, extra=()):
-    data = tmp_path_factory.mktemp(name)
-    server = Server(["--qwen-gateway", "true", "--qwen-admin-key", ADMIN, "--qwen-max-body-bytes", "65536",
-                     "--qwen-spike-min-units", "400", *extra], tmp_path_factory.mktemp("logs") / f"{name}.log",
-                    data_dir=data)
-    return server, data
+def gateway_server(tmp_path_factory, name, extra=()) -> Server:
+    """A gateway server (started, not waited for); its data dir is ``server.data_dir``."""
+    return Server(["--qwen-gateway", "true", "--qwen-admin-key", ADMIN, "--qwen-max-body-bytes", "65536",
+                   "--qwen-spike-min-units", "400", *extra], tmp_path_factory.mktemp("logs") / f"{name}.log",
+                  data_dir=tmp_path_factory.mktemp(name))
+
+
+EARLY_GB = 10.5  # three servers, one with two API-server processes
+
+
+def start_early(tmp_path_factory) -> dict:
+    """The module's gateway servers, started together (their start-ups overlap): on the KV-reuse template, on the
+    model's own, and two API-server processes sharing a Redis (which the test stops and starts)."""
+    redis = RedisServer().start()
+    return {"gw": gateway_server(tmp_path_factory, "gw"),
+            "stock": gateway_server(tmp_path_factory, "gw-stock", ("--qwen-kv-reuse-template", "false")),
+            "redis": redis,
+            "gw-redis": gateway_server(tmp_path_factory, "gw-redis", (
+                "--api-server-count", "2", "--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", redis.url,
+                "--qwen-limiter-backend", "redis"))}
 
 
 @pytest.fixture(scope="module")
-def gw_servers(tmp_path_factory):
-    """The module's two gateway servers, started together (their start-ups overlap): on the KV-reuse template and
-    on the model's own."""
-    servers = {"gw": gateway_server(tmp_path_factory, "gw"),
-               "stock": gateway_server(tmp_path_factory, "gw-stock", ("--qwen-kv-reuse-template", "false"))}
-    yield servers
-    for server, _ in servers.values():
-        server.stop()
+def gw_servers(request):
+    started = early(request, start_early)
+    yield started
+    for name in ("gw", "stock", "gw-redis"):
+        started[name].stop()
+    started["redis"].cleanup()
 
 
 @pytest.fixture(scope="module")
 def gw(gw_servers):
-    server, data = gw_servers["gw"]
+    server = gw_servers["gw"]
     server.wait_healthy()
-    return server, data
+    return server, server.data_dir
 
 
-def barrier_burst(server, secret, n=200, max_tokens=5):
-    """n requests released at once by a barrier; returns the responses."""
+def barrier_burst(server, secret, n=200, max_tokens=5, request=None):
+    """n requests released at once by a barrier; returns the responses. ``request(client, i)`` sends request i
+    (default: a short chat with ``secret``)."""
     barrier = threading.Barrier(n)
     results = [None] * n
+    send = request or (lambda client, i: chat(client, secret, max_tokens=max_tokens))
 
     def worker(i):
-        with httpx.Client(base_url=server.base_url, timeout=300) as client:
+        with httpx.Client(base_url=server.base_url, timeout=600) as client:
             barrier.wait()
-            results[i] = chat(client, secret, max_tokens=max_tokens)
+            results[i] = send(client, i)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
     for t in threads:
@@ -272,30 +286,27 @@ def test_bad_input_suite(gw):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_two_api_servers_sharing_redis_never_overshoot(tmp_path_factory):
-    with RedisServer() as redis:
-        server, data = gateway_server(tmp_path_factory, "gw-redis", (
-            "--api-server-count", "2", "--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", redis.url,
-            "--qwen-limiter-backend", "redis"))
-        try:
-            server.wait_healthy()
-            key = make_key(data, "--name", "shared", "--tpm", "280", redis_url=redis.url)
-            check_burst(barrier_burst(server, key["secret"]), tpm=280, cost=9 + 5)
-            # Redis lost at runtime: limiter_failure=closed (default) answers 503, nothing is admitted unmetered
-            other = make_key(data, "--name", "outage", "--tpm", "100000", redis_url=redis.url)
-            client = httpx.Client(base_url=server.base_url, timeout=120)
-            assert chat(client, other["secret"]).status_code == 200
-            redis.stop()
-            down = chat(client, other["secret"])
-            assert down.status_code == 503 and down.json()["error"]["code"] == "service_unavailable"
-            assert down.headers["retry-after"] == "1"
-            redis.restart()
-            deadline = time.monotonic() + 30
-            while chat(client, other["secret"]).status_code != 200:
-                assert time.monotonic() < deadline, "the gateway did not recover after Redis came back"
-                time.sleep(0.5)
-        finally:
-            server.stop()
+def test_two_api_servers_sharing_redis_never_overshoot(gw_servers):
+    redis, server = gw_servers["redis"], gw_servers["gw-redis"]
+    try:
+        server.wait_healthy()
+        key = make_key(server.data_dir, "--name", "shared", "--tpm", "280", redis_url=redis.url)
+        check_burst(barrier_burst(server, key["secret"]), tpm=280, cost=9 + 5)
+        # Redis lost at runtime: limiter_failure=closed (default) answers 503, nothing is admitted unmetered
+        other = make_key(server.data_dir, "--name", "outage", "--tpm", "100000", redis_url=redis.url)
+        client = httpx.Client(base_url=server.base_url, timeout=120)
+        assert chat(client, other["secret"]).status_code == 200
+        redis.stop()
+        down = chat(client, other["secret"])
+        assert down.status_code == 503 and down.json()["error"]["code"] == "service_unavailable"
+        assert down.headers["retry-after"] == "1"
+        redis.restart()
+        deadline = time.monotonic() + 30
+        while chat(client, other["secret"]).status_code != 200:
+            assert time.monotonic() < deadline, "the gateway did not recover after Redis came back"
+            time.sleep(0.5)
+    finally:
+        server.stop()  # done with it: the memory goes back
 
 
 # ---- issue 18: scope on the model the engine serves, every field counted, the rule for n ---------------------
@@ -410,9 +421,9 @@ def run_field_mix(server, seed, count, name, model=SERVED_NAME):
 @pytest.fixture(scope="module")
 def gw_stock(gw_servers):
     """The gateway on the model's own (official Qwen3) chat template instead of the KV-reuse one."""
-    server, data = gw_servers["stock"]
+    server = gw_servers["stock"]
     server.wait_healthy()
-    return server, data
+    return server, server.data_dir
 
 
 @pytest.mark.parametrize("template", ["qwen3-reuse", "qwen3"])

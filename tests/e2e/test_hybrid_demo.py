@@ -18,27 +18,39 @@ from qwen_vllm_ext.demo import HYBRID_SERVED_NAME as MODEL
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
 from ..redis_server import RedisServer
-from .conftest import Server
+from .conftest import Server, early
 from .test_doctor import doctor, not_passing
 from .test_gateway import ADMIN, auth
 
 END_THINK = 248069
 
 
+EARLY_GB = 3  # one server
+
+
+def start_early(tmp_path_factory) -> dict:
+    redis = RedisServer().start()
+    return {"redis": redis,
+            "hybrid": Server(["--model", MODEL, "--qwen-gateway", "true", "--qwen-admin-key", ADMIN,
+                              "--qwen-limiter-redis-url", redis.url, "--qwen-token-weighted-scheduler", "true",
+                              "--qwen-spike-factor", "0"],
+                             tmp_path_factory.mktemp("logs") / "hybrid.log",
+                             data_dir=tmp_path_factory.mktemp("hybrid"))}
+
+
 @pytest.fixture(scope="module")
-def hybrid(tmp_path_factory):
-    data = tmp_path_factory.mktemp("hybrid")
-    with RedisServer() as redis:
-        server = Server(["--model", MODEL, "--qwen-gateway", "true", "--qwen-admin-key", ADMIN,
-                         "--qwen-limiter-redis-url", redis.url, "--qwen-token-weighted-scheduler", "true",
-                         "--qwen-spike-factor", "0"],
-                        tmp_path_factory.mktemp("logs") / "hybrid.log", data_dir=data)
+def hybrid(request):
+    started = early(request, start_early)
+    server = started["hybrid"]
+    try:
         server.wait_healthy()
         with httpx.Client(base_url=server.base_url, timeout=120) as c:
             key = c.post("/qwen_ext/admin/keys", headers=auth(ADMIN),
                          json={"name": "hybrid", "rpm": 100000, "tpm": 10**8}).json()["key"]
-        yield server, data, key
+        yield server, server.data_dir, key
+    finally:
         server.stop()
+        started["redis"].cleanup()
 
 
 def client(server, key):

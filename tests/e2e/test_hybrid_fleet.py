@@ -14,25 +14,35 @@ from qwen_vllm_ext.bench.server import FleetProcess, ServerStartError
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME
 from tests.redis_server import RedisServer
 
+from .conftest import early
 from .test_fleet import STARTUP_TIMEOUT_S, round_robin_router
 
 TURNS = 3  # turn 3 resumes from the checkpoint turn 2 left: a chain, as in longer conversations
 
 
-@pytest.fixture(scope="module")
-def hybrid_fleet(tmp_path_factory):
+EARLY_GB = 7  # two replicas, a router, Redis
+
+
+def start_early(tmp_path_factory) -> dict:
     data = tmp_path_factory.mktemp("hybrid-fleet")
     redis = RedisServer().start()
-    proc = FleetProcess(2, data / "fleet.log", data / "data", fleet_args=["--redis-url", redis.url,
-                                                                          "--model", HYBRID_SERVED_NAME])
+    return {"redis": redis, "fleet": FleetProcess(2, data / "fleet.log", data / "data",
+                                                  fleet_args=["--redis-url", redis.url, "--model", HYBRID_SERVED_NAME])}
+
+
+@pytest.fixture(scope="module")
+def hybrid_fleet(request):
+    started = early(request, start_early)
+    proc = started["fleet"]
     try:
         proc.wait_ready(STARTUP_TIMEOUT_S)
     except ServerStartError as exc:
-        redis.cleanup()
+        proc.stop()
+        started["redis"].cleanup()
         pytest.fail(str(exc))
     yield proc
     proc.stop()
-    redis.cleanup()
+    started["redis"].cleanup()
 
 
 def _below_bound(runs) -> list[tuple[int, int]]:

@@ -32,6 +32,7 @@ import yaml
 
 from qwen_vllm_ext.demo import SERVED_NAME
 
+from .conftest import early
 from .test_gateway import ADMIN, gateway_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,10 +132,18 @@ def chat(client: httpx.Client, secret: str, content="hi", max_tokens=4, **extra)
                              "max_tokens": max_tokens, "ignore_eos": True, **extra})
 
 
+EARLY_GB = 3.5  # one server (Prometheus starts later: ~0.1)
+
+
+def start_early(tmp_path_factory) -> dict:
+    return {"monitored": gateway_server(tmp_path_factory, "monitored", extra=[
+        "--qwen-spike-factor", "0", "--qwen-token-weighted-scheduler", "true"])}
+
+
 @pytest.fixture(scope="module")
-def monitored(tmp_path_factory):
-    server, data = gateway_server(tmp_path_factory, "monitored", extra=[
-        "--qwen-spike-factor", "0", "--qwen-token-weighted-scheduler", "true"])
+def monitored(request, tmp_path_factory):
+    server = early(request, start_early)["monitored"]
+    data = server.data_dir
     server.wait_healthy()
     prom = Prometheus(server.base_url.split("//", 1)[1], tmp_path_factory.mktemp("prometheus"))
     try:

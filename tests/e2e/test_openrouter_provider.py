@@ -7,7 +7,6 @@ SSE keep-alives every 0.1 s and capacity 429s above 1 s of expected queue wait.
 import json
 import subprocess
 import sys
-import threading
 from decimal import Decimal
 
 import httpx
@@ -17,8 +16,8 @@ from qwen_v3_calculator.billing import PICO, Prices
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME as MODEL
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
-from .conftest import Server
-from .test_gateway import make_key
+from .conftest import Server, early
+from .test_gateway import barrier_burst, make_key
 
 PRICES = {"price_prompt": "0.15", "price_completion": "0.6", "price_cache_read": "0.075", "price_request": "0.0001"}
 EXPECTED = Prices.per_million("0.15", "0.6", "0.075", "0.0001")
@@ -27,29 +26,44 @@ MAX_WAIT_S = 1.0
 LONG = "hello world " * 1500  # ~3,000 prompt tokens: a prefill long enough for keep-alives and a queue
 
 
-@pytest.fixture(scope="module")
-def refused_server(tmp_path_factory):
-    """A server whose listing would not describe its engine (the qwen3 demo runs float32 weights; the setting says
-    fp8): started with the module so that its start-up, which ends in the refusal, overlaps the other tests."""
+EARLY_GB = 6.5  # two servers
+
+
+def start_early(tmp_path_factory) -> dict:
+    """The provider server, and one whose listing would not describe its engine (the qwen3 demo runs float32
+    weights; the setting says fp8), started together: the second's start-up, which ends in the refusal, overlaps
+    the first's."""
     tmp = tmp_path_factory.mktemp("refused")
-    server = Server(["--qwen-openrouter", "true", "--qwen-price-prompt", "0.1", "--qwen-listing-quantization", "fp8"],
-                    tmp / "refused.log", data_dir=tmp / "data")
-    yield server
-    server.stop()
+    refused = Server(["--qwen-openrouter", "true", "--qwen-price-prompt", "0.1", "--qwen-listing-quantization", "fp8"],
+                     tmp / "refused.log", data_dir=tmp / "data")
+    flags = [f for name, value in PRICES.items() for f in (f"--qwen-{name.replace('_', '-')}", value)]
+    provider = Server(["--model", MODEL, "--qwen-gateway", "true", "--qwen-spike-factor", "0",
+                       "--qwen-openrouter", "true", *flags, "--qwen-sse-keepalive-s", "0.1",
+                       "--qwen-max-queue-wait-s", str(MAX_WAIT_S)],
+                      tmp_path_factory.mktemp("logs") / "provider.log", data_dir=tmp_path_factory.mktemp("provider"))
+    return {"refused": refused, "provider": provider}
 
 
 @pytest.fixture(scope="module")
-def provider(tmp_path_factory, refused_server):
-    data = tmp_path_factory.mktemp("provider")
-    flags = [f for name, value in PRICES.items() for f in (f"--qwen-{name.replace('_', '-')}", value)]
-    server = Server(["--model", MODEL, "--qwen-gateway", "true", "--qwen-spike-factor", "0", "--qwen-openrouter", "true",
-                     *flags, "--qwen-sse-keepalive-s", "0.1", "--qwen-max-queue-wait-s", str(MAX_WAIT_S)],
-                    tmp_path_factory.mktemp("logs") / "provider.log", data_dir=data)
+def started(request):
+    servers = early(request, start_early)
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def refused_server(started):
+    return started["refused"]
+
+
+@pytest.fixture(scope="module")
+def provider(started):
+    server = started["provider"]
     server.wait_healthy()
-    key = make_key(data, "--name", "openrouter")["secret"]
+    key = make_key(server.data_dir, "--name", "openrouter")["secret"]
     with httpx.Client(base_url=server.base_url, timeout=300, headers={"Authorization": f"Bearer {key}"}) as client:
-        yield server, data, key, client
-    server.stop()
+        yield server, server.data_dir, key, client
 
 
 def listing(client, fmt):
@@ -221,21 +235,11 @@ def test_keepalive_comments_fill_a_long_prefill_and_change_no_accounting(provide
 
 # ---- 6. capacity 429s ----------------------------------------------------------------------------------------------
 def burst(server, key, n, tag):
-    barrier, results = threading.Barrier(n), [None] * n
-
-    def worker(i):
-        with httpx.Client(base_url=server.base_url, timeout=600, headers={"Authorization": f"Bearer {key}"}) as c:
-            barrier.wait()
-            results[i] = c.post("/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": f"{tag} {i} {LONG}"}], "max_tokens": 4,
-                **NO_THINK})
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
+    """n prompts of ~3,000 tokens released at once."""
+    return barrier_burst(server, key, n, request=lambda c, i: c.post(
+        "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": f"{tag} {i} {LONG}"}], "max_tokens": 4,
+              **NO_THINK}))
 
 
 def test_capacity_429s_refuse_early_and_charge_nothing(provider):

@@ -48,6 +48,7 @@ class PlainVllmServer(Server):
 
 
 _RUNNING: list[Server] = []  # at most one server of this module at a time
+LATE_GB = 3.5  # the servers below start during the module, one at a time (tests/e2e/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -19,34 +19,55 @@ from qwen_vllm_ext.usage.metrics import TOTALS_EVERY_S
 from qwen_vllm_ext.usage.reconcile import parse_counters
 
 from ..redis_server import RedisServer
+from .conftest import early
 from .test_gateway import gateway_server, make_key
 
 
-def test_token_storm_on_two_api_servers_sharing_redis(tmp_path_factory, tmp_path):
-    """Ledger and limiter in Redis, two API-server processes: zero mismatches against the Redis ledger, zero
-    header violations, zero overshoot of the shared TPM limit under concurrency. Runs before the module's other
-    server is started (one server at a time)."""
-    with RedisServer() as redis:
-        server, data = gateway_server(tmp_path_factory, "storm-redis", (
-            "--api-server-count", "2", "--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", redis.url,
-            "--qwen-limiter-backend", "redis", "--qwen-spike-factor", "0"))
-        try:
-            server.wait_healthy()
-            key = make_key(data, "--name", "storm-redis", "--tpm", "5000", "--rpm", "1000",
-                           redis_url=redis.url)["secret"]
-            rep, out = run_storm(server, data, key, tmp_path, "--distribution", "normal", "--input-len", "120",
-                                 "--output-len", "20", "--concurrency", "16", "--num-requests", "80",
-                                 "--duration", "40", "--ledger", redis.url)
-            time.sleep(TOTALS_EVERY_S + 1)  # the ledger totals gauge is refreshed on a timer
-            scrapes = [httpx.get(server.base_url + "/metrics", timeout=30).text for _ in range(6)]
-            instance = httpx.get(server.base_url + "/qwen_ext/health", timeout=30).json()["instance_id"]
-            from qwen_vllm_ext.usage.ledger import RedisLedgerStore
+EARLY_GB = 7  # two servers, one with two API-server processes
 
-            store = RedisLedgerStore(redis.url)
-            ledger_tokens, ledger_records = store.instance_tokens(instance), store.totals(instance)["requests"]
-            store.close()
-        finally:
-            server.stop()
+
+def start_early(tmp_path_factory) -> dict:
+    """The module's servers, started together (their start-ups overlap); the spike breaker off on both (a load
+    test is a spike by design)."""
+    redis = RedisServer().start()
+    return {"redis": redis,
+            "storm-redis": gateway_server(tmp_path_factory, "storm-redis", (
+                "--api-server-count", "2", "--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", redis.url,
+                "--qwen-limiter-backend", "redis", "--qwen-spike-factor", "0")),
+            "storm": gateway_server(tmp_path_factory, "storm", extra=["--qwen-spike-factor", "0"])}
+
+
+@pytest.fixture(scope="module")
+def storm_servers(request):
+    started = early(request, start_early)
+    yield started
+    started["storm-redis"].stop()
+    started["storm"].stop()
+    started["redis"].cleanup()
+
+
+def test_token_storm_on_two_api_servers_sharing_redis(storm_servers, tmp_path):
+    """Ledger and limiter in Redis, two API-server processes: zero mismatches against the Redis ledger, zero
+    header violations, zero overshoot of the shared TPM limit under concurrency."""
+    redis, server = storm_servers["redis"], storm_servers["storm-redis"]
+    data = server.data_dir
+    try:
+        server.wait_healthy()
+        key = make_key(data, "--name", "storm-redis", "--tpm", "5000", "--rpm", "1000",
+                       redis_url=redis.url)["secret"]
+        rep, out = run_storm(server, data, key, tmp_path, "--distribution", "normal", "--input-len", "120",
+                             "--output-len", "20", "--concurrency", "16", "--num-requests", "80",
+                             "--duration", "40", "--ledger", redis.url)
+        time.sleep(TOTALS_EVERY_S + 1)  # the ledger totals gauge is refreshed on a timer
+        scrapes = [httpx.get(server.base_url + "/metrics", timeout=30).text for _ in range(6)]
+        instance = httpx.get(server.base_url + "/qwen_ext/health", timeout=30).json()["instance_id"]
+        from qwen_vllm_ext.usage.ledger import RedisLedgerStore
+
+        store = RedisLedgerStore(redis.url)
+        ledger_tokens, ledger_records = store.instance_tokens(instance), store.totals(instance)["requests"]
+        store.close()
+    finally:
+        server.stop()
     # /metrics with two API-server processes (prometheus_client multiprocess mode): the extension's collectors are
     # there whichever process answers, and the per-process counters aggregate
     for text in scrapes:
@@ -65,12 +86,10 @@ def test_token_storm_on_two_api_servers_sharing_redis(tmp_path_factory, tmp_path
 
 
 @pytest.fixture(scope="module")
-def storm_gw(tmp_path_factory):
-    # spike breaker off: a load test is a spike by design
-    server, data = gateway_server(tmp_path_factory, "storm", extra=["--qwen-spike-factor", "0"])
+def storm_gw(storm_servers):
+    server = storm_servers["storm"]
     server.wait_healthy()
-    yield server, data
-    server.stop()
+    return server, server.data_dir
 
 
 def record_stream(server, secret, path, body) -> bytes:

@@ -25,7 +25,7 @@ from qwen_vllm_ext.usage.ledger import SqliteLedgerStore, open_store
 from qwen_vllm_ext.usage.reconcile import COUNTERS, fetch, parse_counters
 
 from ..redis_server import free_port
-from .conftest import Server
+from .conftest import Server, early
 
 LONG_PROMPT = " ".join(f"Paragraph {i}: the ledger must never lose or double-count a single token." for i in range(30))
 
@@ -185,21 +185,29 @@ def test_metrics_and_access_log(demo_server):
     assert "not a list" not in log.read_text()  # no request text in the log
 
 
-@pytest.fixture(scope="module")
-def multi_and_stock(tmp_path_factory):
-    """Two servers started together (their start-ups overlap): two API-server processes sharing the SQLite ledger,
-    and one with per_chunk_usage=false."""
+EARLY_GB = 10.5  # three servers, one with two API-server processes (the later ones replace them)
+
+
+def start_early(tmp_path_factory) -> dict:
+    """Three servers started together (their start-ups overlap): two API-server processes sharing the SQLite
+    ledger, one with per_chunk_usage=false, and the one the kill -9 test kills."""
     logs = tmp_path_factory.mktemp("logs")
-    servers = {"multi": Server(["--api-server-count", "2"], logs / "multi.log", data_dir=tmp_path_factory.mktemp("multi")),
-               "stock": Server(["--qwen-per-chunk-usage", "false"], logs / "stock.log",
-                               data_dir=tmp_path_factory.mktemp("stock"))}
+    return {"multi": Server(["--api-server-count", "2"], logs / "multi.log", data_dir=tmp_path_factory.mktemp("multi")),
+            "stock": Server(["--qwen-per-chunk-usage", "false"], logs / "stock.log",
+                            data_dir=tmp_path_factory.mktemp("stock")),
+            "killed": Server([], logs / "kill.log", data_dir=tmp_path_factory.mktemp("killed"))}
+
+
+@pytest.fixture(scope="module")
+def ledger_servers(request):
+    servers = early(request, start_early)
     yield servers
     for server in servers.values():
         server.stop()
 
 
-def test_several_api_server_processes_share_the_sqlite_ledger(multi_and_stock):
-    server = multi_and_stock["multi"]
+def test_several_api_server_processes_share_the_sqlite_ledger(ledger_servers):
+    server = ledger_servers["multi"]
     server.wait_healthy()
     run_mix(server, sqlite_store(server))
     server.stop()  # done with it: the memory goes back before the next servers start
@@ -219,9 +227,9 @@ def test_repeated_prompt_shows_cached_tokens_on_every_chunk(demo_server):
     assert record.cached_tokens == usage["prompt_tokens_details"]["cached_tokens"] > 0
 
 
-def test_stock_behaviour_setting(multi_and_stock):
+def test_stock_behaviour_setting(ledger_servers):
     """per_chunk_usage=false restores vLLM's behaviour: no usage unless the client asks for it."""
-    server = multi_and_stock["stock"]
+    server = ledger_servers["stock"]
     server.wait_healthy()
     client = httpx.Client(base_url=server.base_url, timeout=120)
     body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -232,10 +240,9 @@ def test_stock_behaviour_setting(multi_and_stock):
     server.stop()
 
 
-def test_kill_9_loses_no_completed_request_and_restart_keeps_the_ledger(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("killed")
-    logs = tmp_path_factory.mktemp("logs")
-    server = Server([], logs / "kill.log", data_dir=data_dir)
+def test_kill_9_loses_no_completed_request_and_restart_keeps_the_ledger(ledger_servers, tmp_path_factory):
+    server = ledger_servers["killed"]
+    data_dir = server.data_dir
     server.wait_healthy()
     completed: list[str] = []
     stop = threading.Event()
@@ -275,7 +282,7 @@ def test_kill_9_loses_no_completed_request_and_restart_keeps_the_ledger(tmp_path
     assert not missing, f"{len(missing)} completed requests have no ledger record: {missing[:5]}"
     kept = len(store.records())
 
-    restarted = Server([], logs / "restart.log", data_dir=data_dir)
+    restarted = Server([], tmp_path_factory.mktemp("logs") / "restart.log", data_dir=data_dir)
     try:
         restarted.wait_healthy()
         store = SqliteLedgerStore(str(data_dir / "ledger.sqlite3"))
