@@ -31,7 +31,9 @@ import pytest
 import yaml
 
 from qwen_vllm_ext.demo import SERVED_NAME
+from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
+from . import disconnects
 from .conftest import early
 from .test_gateway import ADMIN, gateway_server
 
@@ -193,16 +195,25 @@ def scenario(monitored, tmp_path_factory):
         statuses = {chat(c, broke).status_code for _ in range(3)}
         assert 429 in statuses
         assert chat(c, "qve-not-a-key").status_code == 401
-        # a client that disconnects mid-stream. max_tokens near the context limit: the engine must not finish
-        # before the server notices (the record would rightly say "length"; a CI run once saw all 400 tokens of
-        # an earlier version of this request generated, 4 s, before the disconnect was noticed)
-        with c.stream("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {free}"},
-                      json={"model": SERVED_NAME, "messages": [{"role": "user", "content": "go on"}],
-                            "max_tokens": 4000, "ignore_eos": True, "stream": True}) as r:
-            assert r.status_code == 200
-            for _ in r.iter_lines():
+        # a client that disconnects mid-stream; another when this one was starved until the engine had finished
+        # (tests/e2e/disconnects.py)
+        store = SqliteLedgerStore(str(data / "ledger.sqlite3"))
+        for attempt in range(disconnects.ATTEMPTS):
+            rid = f"monitoring-disconnect-{attempt}"
+            with c.stream("POST", "/v1/chat/completions",
+                          headers={"Authorization": f"Bearer {free}", "X-Request-ID": rid},
+                          json={"model": SERVED_NAME, "messages": [{"role": "user", "content": "go on"}],
+                                "max_tokens": disconnects.MAX_TOKENS, "ignore_eos": True, "stream": True}) as r:
+                assert r.status_code == 200
+                for _ in r.iter_lines():
+                    break
+            closed_at = time.time()
+            record = wait_for(lambda: store.get(rid), 60, "the disconnected request's ledger record", every=0.2)
+            if disconnects.recorded(record, closed_at):
                 break
-    # the server records the disconnected request once it notices and aborts it: wait for that record
+        else:
+            pytest.fail("no disconnect recorded: every client was too late (the machine starved the test client)")
+    # Prometheus sees the record
     wait_for(lambda: prom.query('qwen_ext_ledger_records_total{status="client_disconnected"} > 0'), 120,
              "the disconnected request's ledger record")
     # the ledger has every record and the engine is idle; two refreshes of the ledger gauge and some scrapes later

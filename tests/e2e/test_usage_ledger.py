@@ -25,6 +25,7 @@ from qwen_vllm_ext.usage.ledger import SqliteLedgerStore, open_store
 from qwen_vllm_ext.usage.reconcile import COUNTERS, fetch, parse_counters
 
 from ..redis_server import free_port
+from . import disconnects
 from .conftest import Server, early
 
 LONG_PROMPT = " ".join(f"Paragraph {i}: the ledger must never lose or double-count a single token." for i in range(30))
@@ -67,6 +68,34 @@ def stream(client: httpx.Client, body: dict, request_id: str, stop_after: int | 
     return chunks
 
 
+def check_disconnect(record, chunks: list[dict], closed_at: float) -> bool:
+    """A client that read ``chunks`` and left at ``closed_at``: the usage it saw, and ``disconnects.recorded``."""
+    check_chunk_usage(chunks)
+    assert record.completion_tokens >= chunks[-1]["usage"]["completion_tokens"]
+    return disconnects.recorded(record, closed_at)
+
+
+def test_check_disconnect_tells_a_lost_disconnect_from_a_late_client():
+    from types import SimpleNamespace
+
+    chunks = [{"usage": {"prompt_tokens": 9, "completion_tokens": n, "total_tokens": 9 + n,
+                         "prompt_tokens_details": {"cached_tokens": 0},
+                         "billing": {"policy": "default", "total_units": "1"}}} for n in (1, 2, 3)]
+
+    def record(status, tokens, latency):
+        return SimpleNamespace(status=status, completion_tokens=tokens, received_at=1000.0, latency_s=latency)
+
+    assert check_disconnect(record("client_disconnected", 5, 0.2), chunks, 1000.1) is True
+    # the client read its chunks only after the engine had finished: "length" is right, the sample proves nothing
+    assert check_disconnect(record("length", disconnects.MAX_TOKENS, 17.0), chunks, 1017.5) is False
+    with pytest.raises(AssertionError, match="disconnect lost"):  # left at once, the request ran to the end
+        check_disconnect(record("length", disconnects.MAX_TOKENS, 17.0), chunks, 1000.1)
+    with pytest.raises(AssertionError):  # a record that stopped short without saying why
+        check_disconnect(record("length", 40, 17.0), chunks, 1017.5)
+    with pytest.raises(AssertionError):  # fewer tokens recorded than the client was shown
+        check_disconnect(record("client_disconnected", 2, 0.2), chunks, 1000.1)
+
+
 def wait_for_records(store, ids, timeout=30.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -99,12 +128,10 @@ def run_mix(server, store) -> None:
 
     def disconnect(i):
         rid = f"disc-{tag}-{i}"
-        # The abort normally lands a few tokens after the client leaves; max_tokens near the context limit keeps
-        # the engine from finishing first (then the record would rightly say "length") when a loaded machine
-        # slows the API server: a CI run once saw 1,500 tokens generated before the disconnect was noticed.
-        body = {**base, "messages": [{"role": "user", "content": f"Go on forever {i}"}], "max_tokens": 4000,
-                "ignore_eos": True}
-        return rid, "client_disconnected", stream(client, body, rid, stop_after=3 + i)
+        body = {**base, "messages": [{"role": "user", "content": f"Go on forever {i}"}],
+                "max_tokens": disconnects.MAX_TOKENS, "ignore_eos": True}
+        chunks = stream(client, body, rid, stop_after=3 + i)
+        return rid, "client_disconnected", (chunks, time.time())
 
     def non_streamed(i):
         rid = f"full-{tag}-{i}"
@@ -128,13 +155,13 @@ def run_mix(server, store) -> None:
         results = list(pool.map(lambda job: job[0](job[1]), jobs))
 
     records = wait_for_records(store, [rid for rid, _, _ in results])
+    recorded = []  # one verdict per disconnect: the disconnect was recorded, or the client got to leave too late
     for rid, expected_status, observed in results:
         record = records[rid]
-        assert record.status == expected_status, (rid, record)
         if expected_status == "client_disconnected":
-            check_chunk_usage(observed)
-            assert record.completion_tokens >= observed[-1]["usage"]["completion_tokens"]
+            recorded.append(check_disconnect(record, *observed))
             continue
+        assert record.status == expected_status, (rid, record)
         usage = observed if isinstance(observed, dict) else check_chunk_usage(observed)
         if not isinstance(observed, dict):
             assert observed[-1]["choices"] == []  # the final usage chunk is always sent
@@ -143,6 +170,15 @@ def run_mix(server, store) -> None:
             assert record.cached_tokens == usage["prompt_tokens_details"]["cached_tokens"]
             billing = usage["billing"]
             assert record.billed_total_micro == round(float(billing["total_units"]) * 1_000_000)
+    # Each run shows a recorded disconnect: when CPU starvation made both clients of the mix late, a lone one again.
+    for attempt in range(disconnects.ATTEMPTS):
+        if any(recorded):
+            break
+        results.append(disconnect(10 + attempt))
+        rid, _, observed = results[-1]
+        records.update(wait_for_records(store, [rid]))
+        recorded.append(check_disconnect(records[rid], *observed))
+    assert any(recorded), "no disconnect recorded: every client was too late (the machine starved the test client)"
 
     after = counters(server)
     ours = [records[rid] for rid, _, _ in results]
