@@ -63,10 +63,10 @@ def qwen36_tokenizer_dir(tmp_path_factory):
 
 # ---- two workers (pyproject's addopts: pytest-xdist, -n 2) -----------------------------------------------------------
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scope scheduler with two kinds of scope: every end-to-end test is one scope, run in file order by one
-    worker (their servers take gigabytes of memory and most of a core each, so they run one module at a time as
-    before); every other module is a scope of its own (its module fixtures built once), run by the other worker
-    meanwhile."""
+    """xdist's scope scheduler with two kinds of scope: every end-to-end test is one scope, run by one worker in the
+    module order of tests/e2e/conftest.py's E2E_ORDER (their servers take gigabytes of memory and most of a core
+    each, so they run one module at a time as before); every other module is a scope of its own (its module fixtures
+    built once), run by the other worker meanwhile."""
     from xdist.scheduler import LoadScopeScheduling
 
     class EndToEndOnOneWorker(LoadScopeScheduling):
