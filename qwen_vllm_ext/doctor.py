@@ -412,7 +412,15 @@ class Doctor:
         if not self.settings().get("gateway"):
             return
         anonymous = self.http.get("/qwen_ext/admin/keys")
-        if anonymous.status_code != 401:
+        if anonymous.status_code == 404:  # admin_key empty: the admin routes are off (gateway/admin.py)
+            if self.admin_key:
+                self.add("gateway: admin routes", "FAIL", "the admin routes are disabled (404), yet --admin-key was "
+                         "given", "set the server's admin_key setting, or manage keys with `python -m "
+                         "qwen_vllm_ext.keys` on the key store")
+            else:
+                self.add("gateway: admin routes", "PASS", "disabled (404: admin_key not set); keys are managed with "
+                         "`python -m qwen_vllm_ext.keys`")
+        elif anonymous.status_code != 401:
             self.add("gateway: admin routes", "FAIL", f"/qwen_ext/admin/keys without the admin key: "
                      f"{anonymous.status_code}", "set admin_key; never expose the admin routes without it")
         elif not self.admin_key:
