@@ -105,6 +105,24 @@ def early(request, start_early) -> dict:
     return started if started is not None else start_early(request.getfixturevalue("tmp_path_factory"))
 
 
+def stop_all(started: dict) -> None:
+    """Stop what a ``start_early`` started: the servers first, then what they use (a Redis: stopped, its directory
+    removed)."""
+    for proc in started.values():
+        if not hasattr(proc, "cleanup"):
+            proc.stop()
+    for proc in started.values():
+        if hasattr(proc, "cleanup"):
+            proc.cleanup()
+
+
+def early_then_stopped(request, start_early):
+    """A module fixture's body (``yield from``): what ``early`` gives, stopped with ``stop_all`` after the module."""
+    started = early(request, start_early)
+    yield started
+    stop_all(started)
+
+
 def _modules_after(items, item) -> list:
     out = []
     for i in items[items.index(item) + 1:]:
@@ -176,8 +194,7 @@ def _e2e_session(request, tmp_path_factory):
     _look_ahead(request.session.items, first, tmp_path_factory)
     yield
     for started in _early.values():  # started early, never taken
-        for proc in started.values():
-            proc.stop()
+        stop_all(started)
     _early.clear()
     if lock is not None:
         lock.close()

@@ -15,7 +15,7 @@ import pytest
 from qwen_vllm_ext.bench.server import ServeProcess
 from qwen_vllm_ext.demo import ensure_demo_model
 
-from .conftest import STARTUP_TIMEOUT_S, Server, early
+from .conftest import STARTUP_TIMEOUT_S, Server, early_then_stopped
 from .test_gateway import ADMIN, gateway_server
 
 
@@ -58,10 +58,7 @@ class PlainVllm(ServeProcess):
 
 @pytest.fixture(scope="module")
 def doctor_servers(request):
-    servers = early(request, start_early)
-    yield servers
-    for server in servers.values():
-        server.stop()
+    yield from early_then_stopped(request, start_early)
 
 
 def test_a_well_configured_server_passes_every_check(doctor_servers):

@@ -38,7 +38,7 @@ from qwen_vllm_ext.fleet.plan import ROUTER_FLAGS
 from qwen_vllm_ext.usage.ledger import open_store
 from tests.redis_server import RedisServer
 
-from .conftest import early
+from .conftest import early_then_stopped
 
 ADMIN = "fleet-admin-secret"
 MODEL = "qwen3-demo"
@@ -66,11 +66,7 @@ def start_early(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def started(request):
-    procs = early(request, start_early)
-    yield procs
-    for name in ("single", "fleet"):
-        procs[name].stop()
-    procs["redis"].cleanup()
+    yield from early_then_stopped(request, start_early)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from qwen_vllm_ext.demo import SERVED_NAME
 
 from ..redis_server import RedisServer
-from .conftest import Server, early
+from .conftest import Server, early_then_stopped
 
 ADMIN = "admin-secret-for-tests-0001"
 HI = [{"role": "user", "content": "hi"}]  # 9 prompt tokens with the Qwen3 template
@@ -58,11 +58,7 @@ def start_early(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def gw_servers(request):
-    started = early(request, start_early)
-    yield started
-    for name in ("gw", "stock", "gw-redis"):
-        started[name].stop()
-    started["redis"].cleanup()
+    yield from early_then_stopped(request, start_early)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from qwen_v3_calculator.billing import PICO, Prices
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME as MODEL
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
-from .conftest import Server, early
+from .conftest import Server, early_then_stopped
 from .test_gateway import barrier_burst, make_key
 
 PRICES = {"price_prompt": "0.15", "price_completion": "0.6", "price_cache_read": "0.075", "price_request": "0.0001"}
@@ -46,10 +46,7 @@ def start_early(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def started(request):
-    servers = early(request, start_early)
-    yield servers
-    for server in servers.values():
-        server.stop()
+    yield from early_then_stopped(request, start_early)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from qwen_vllm_ext.usage.metrics import TOTALS_EVERY_S
 from qwen_vllm_ext.usage.reconcile import parse_counters
 
 from ..redis_server import RedisServer
-from .conftest import early
+from .conftest import early_then_stopped
 from .test_gateway import gateway_server, make_key
 
 
@@ -39,11 +39,7 @@ def start_early(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def storm_servers(request):
-    started = early(request, start_early)
-    yield started
-    started["storm-redis"].stop()
-    started["storm"].stop()
-    started["redis"].cleanup()
+    yield from early_then_stopped(request, start_early)
 
 
 def test_token_storm_on_two_api_servers_sharing_redis(storm_servers, tmp_path):

@@ -26,7 +26,7 @@ from qwen_vllm_ext.usage.reconcile import COUNTERS, fetch, parse_counters
 
 from ..redis_server import free_port
 from . import disconnects
-from .conftest import Server, early
+from .conftest import Server, early_then_stopped
 
 LONG_PROMPT = " ".join(f"Paragraph {i}: the ledger must never lose or double-count a single token." for i in range(30))
 
@@ -236,10 +236,7 @@ def start_early(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def ledger_servers(request):
-    servers = early(request, start_early)
-    yield servers
-    for server in servers.values():
-        server.stop()
+    yield from early_then_stopped(request, start_early)
 
 
 def test_several_api_server_processes_share_the_sqlite_ledger(ledger_servers):
