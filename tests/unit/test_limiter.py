@@ -352,23 +352,31 @@ def test_slots_and_lease_expiry(backend, clock):
     assert b.slots_used("conc:k") == 0 and not b.renew_slot("conc:k", s3, 30)
 
 
-def _die_holding_a_slot(kind, location, prefix):
-    lim = SqliteLimiter(location) if kind == "sqlite" else RedisLimiter(location, prefix=prefix)
+def _die_holding_a_slot(kind, location, prefix, at):
+    clock = lambda: at                              # noqa: E731 - the lease starts at `at`, however late this runs
+    lim = SqliteLimiter(location, clock=clock) if kind == "sqlite" else RedisLimiter(location, prefix=prefix,
+                                                                                     clock=clock)
     assert lim.acquire_slot("conc:dead", 1, 1.0)
     os._exit(0)                                     # no release, no cleanup
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_slot_of_a_dead_process_expires(kind, tmp_path, request):
+    """Both processes read injected clocks: a starved machine (the suite's other xdist worker runs at nice 19) once
+    took more than the 1 s lease between the child's acquire and this process's first look, on wall clocks."""
     url = request.getfixturevalue("redis_server").url if kind == "redis" else None
     location, prefix = (str(tmp_path / "l.db") if kind == "sqlite" else url), f"d{uuid.uuid4().hex[:8]}:"
-    proc = multiprocessing.get_context("fork").Process(target=_die_holding_a_slot, args=(kind, location, prefix))
+    at = time.time()
+    proc = multiprocessing.get_context("fork").Process(target=_die_holding_a_slot, args=(kind, location, prefix, at))
     proc.start()
     proc.join(30)
-    lim = SqliteLimiter(location) if kind == "sqlite" else RedisLimiter(location, prefix=prefix)
-    t_dead = time.time()
+    assert proc.exitcode == 0
+    now = [at + 0.5]                                # half-way through the dead process's lease
+    clock = lambda: now[0]                          # noqa: E731
+    lim = SqliteLimiter(location, clock=clock) if kind == "sqlite" else RedisLimiter(location, prefix=prefix,
+                                                                                     clock=clock)
     assert lim.slots_used("conc:dead") == 1 and lim.acquire_slot("conc:dead", 1, 1.0) is None
-    time.sleep(max(0.0, t_dead + 1.05 - time.time()))
+    now[0] = at + 1.05                              # the lease is over
     assert lim.acquire_slot("conc:dead", 1, 1.0) is not None
     lim.close()
 
