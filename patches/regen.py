@@ -155,6 +155,17 @@ PATCHES = [
             "turn_checkpoints", "hybrid models keep the state where the next chat turn diverges "
             "(setting kv_turn_checkpoints)."))],
     },
+    {
+        "name": "connection-guard",
+        "subject": "qwen-vllm-ext: header timeout and connection cap on the API server's sockets",
+        "body": "NoSignalServer serves uvicorn's HTTP protocol with a header timeout (408 for a connection\n"
+                "that sends no complete request head in time) and a connection cap below the open-file\n"
+                "limit (the oldest idle connection makes room, else 503); the open-file limit is raised\n"
+                "to the hard limit (settings connection_guard, header_timeout_s, max_connections).\n",
+        "edits": [("vllm/entrypoints/launchers/launcher.py", APPEND, _module_hook(
+            "connection_guard", "idle connections time out and the open connections stay below the open-file "
+            "limit (setting connection_guard)."))],
+    },
 ]
 
 GIT_ENV = {

@@ -28,7 +28,7 @@ RESOLVED_ENV = "QWEN_VLLM_EXT_SETTINGS"
 ADDITIONAL_CONFIG_KEY = "qwen_vllm_ext"
 
 
-SECRET_FIELDS = ("gateway_secret", "admin_key", "spike_webhook")
+SECRET_FIELDS = ("gateway_secret", "admin_key", "metrics_key", "spike_webhook")
 URL_FIELDS = ("ledger_redis_url", "limiter_redis_url")
 
 
@@ -101,6 +101,12 @@ class Settings:
     """Server secret for key hashes (HMAC-SHA256); empty: generated once and kept in data_dir (or in Redis)."""
     admin_key: str = ""
     """Bearer token for the ``/qwen_ext/admin/keys`` endpoints; empty: admin endpoints disabled."""
+    metrics_key: str = ""
+    """Scrape credential of ``/metrics`` with the gateway on: set, ``/metrics`` answers only ``Authorization: Bearer
+    <metrics_key>`` (or the ``admin_key``; else 401) and carries the per-key series (``qwen_ext_top_key_tokens``,
+    ``qwen_ext_top_key_rejections`` by ``key_id``); empty, ``/metrics`` stays public and those two families have no
+    samples (key ids and per-key traffic are not shown to whoever can reach the port). Prometheus sends it with
+    ``authorization: {type: Bearer, credentials_file: ...}`` (docs/operating.md). No effect with the gateway off."""
     limiter_backend: str = "sqlite"
     """Limiter state: ``sqlite`` (shared by the API-server processes of one host) or ``redis`` (several replicas)."""
     limiter_redis_url: str = ""
@@ -119,6 +125,16 @@ class Settings:
     """A request whose max_tokens exceeds its key's cap: ``reject`` (400) or ``cap`` (lowered to the cap)."""
     max_body_bytes: int = 8388608
     """Largest request body accepted by the gateway (413 above)."""
+    max_n: int = 128
+    """Most parallel samples (``n``) one request may ask for behind the gateway (400 above; OpenAI's own bound); a
+    key's ``max_n`` lowers it for that key. 0 = no bound."""
+    max_sequences_per_request: int = 256
+    """Most engine sequences one request may run behind the gateway: ``n`` x its prompts (a completions batch); 400
+    above. 0 = no bound."""
+    unauthenticated_records_per_s: float = 1.0
+    """Ledger records of requests refused for a missing or wrong API key (401), at most this many per second per
+    API-server process; every such request is counted in ``qwen_ext_gateway_rejections_total{code="invalid_api_key"}``.
+    Their records never carry a client-chosen request or conversation id. 0 = none recorded."""
     spike_factor: float = 3.0
     """Suspend a key whose billed usage over 15 minutes exceeds this multiple of its baseline (0 = off)."""
     spike_min_units: float = 1000.0
@@ -170,6 +186,25 @@ class Settings:
     """Conversations whose previous turn each API-server process remembers for the reuse ratio (LRU)."""
     idle_sleep_s: float = 0.0
     """Put the engine to sleep (vLLM sleep mode, GPU only) after this many idle seconds; the next request wakes it (0 = off)."""
+
+    # ---- connections (API server; qwen_vllm_ext/gateway/connections.py) ------------------------
+    connection_guard: bool = True
+    """Protect the API server's sockets from idle and half-open connections (runtime patch of vLLM's uvicorn server):
+    the header timeout, the connection cap and the raised open-file limit below; false = uvicorn's stock behaviour
+    (a connection that never sends a byte stays open for ever)."""
+    header_timeout_s: float = 15.0
+    """Close (with 408) a connection that has not sent a complete request head (request line and headers) this many
+    seconds after it opened, or after the first byte of its next request on a kept-alive connection; a connection
+    busy with a request (a long stream) is never affected (0 = no timeout)."""
+    max_connections: int = 0
+    """Open HTTP connections per API-server process. Over it, the oldest connection still waiting for its request
+    head (at least 1 s old) is closed to make room; when none is, the newcomer gets 503 with ``Retry-After`` (0 = the
+    open-file limit minus ``connection_fd_reserve``; a larger value is lowered to that)."""
+    connection_fd_reserve: int = 1024
+    """File descriptors kept for the server's own use (engine sockets, files, the ledger, 503 answers) when the
+    connection cap is derived from the open-file limit (at most half the limit)."""
+    raise_fd_limit: bool = True
+    """Raise the API server's open-file limit (``RLIMIT_NOFILE`` soft) to its hard limit at start (children inherit it)."""
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -236,7 +271,8 @@ class Settings:
             raise SettingsError(f"setting {SETTING_PREFIX + exc.field!r}: {exc}") from None
         settings = cls(**own, scheduler=scheduler)
         settings.prices()  # a price that cannot be billed exactly: refused here, naming the setting
-        for name in ("max_queue_wait_s", "sse_keepalive_s", "listing_context_length", "listing_max_output"):
+        for name in ("max_queue_wait_s", "sse_keepalive_s", "listing_context_length", "listing_max_output", "max_n",
+                     "max_sequences_per_request", "unauthenticated_records_per_s"):
             if getattr(settings, name) < 0:
                 raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(settings, name)}")
         return settings

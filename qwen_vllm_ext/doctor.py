@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 import uuid
@@ -57,6 +58,10 @@ class Doctor:
             h["Authorization"] = f"Bearer {self.api_key}"
         return {**h, **(extra or {})}
 
+    def admin_headers(self) -> dict:
+        """The admin key, for the health route's details (settings, launch record) when the gateway is on."""
+        return {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+
     def settings(self) -> dict:
         return (self.health or {}).get("settings", {})
 
@@ -97,7 +102,8 @@ class Doctor:
         return None if line is None else dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line))
 
     def refresh_metrics(self) -> None:
-        r = self.http.get("/metrics")
+        # with the metrics_key setting, /metrics also answers the admin key (the per-key series need one of them)
+        r = self.http.get("/metrics", headers={"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else None)
         self.metrics_text = r.text if r.status_code == 200 else ""
 
     # ---- checks ----------------------------------------------------------------------------------------------
@@ -135,7 +141,7 @@ class Doctor:
         return True
 
     def check_plugin(self) -> bool:
-        r = self.http.get("/qwen_ext/health", timeout=10)
+        r = self.http.get("/qwen_ext/health", timeout=10, headers=self.admin_headers())
         if r.status_code != 200:
             self.add("plugin", "FAIL", f"/qwen_ext/health answered {r.status_code}: the extension's endpoint plugin "
                      "is not loaded in the API server",
@@ -173,7 +179,7 @@ class Doctor:
                      f"({h.get('patch_mode')} mode)")
 
     def check_scheduler(self) -> None:
-        status = self.http.get("/qwen_ext/health", timeout=10).json().get("scheduler") or []
+        status = self.http.get("/qwen_ext/health", timeout=10, headers=self.admin_headers()).json().get("scheduler") or []
         wanted = self.settings().get("token_weighted_scheduler")
         if status:
             s = status[0]
@@ -206,6 +212,10 @@ class Doctor:
         if dtype != "auto":
             self.add("kv-cache dtype", "WARN", f"cache_dtype={dtype}", "the field report's fp16 override only adds a "
                      "conversion for bf16 checkpoints; drop --kv-cache-dtype unless memory needs fp8")
+        if "details" in self.health:  # the gateway is on and no (valid) admin key was given: the launch record is hidden
+            self.add("profile vs hardware", "WARN", "the launch record is shown only to the admin (gateway on)",
+                     "rerun with --admin-key (or QWEN_VLLM_EXT_ADMIN_KEY) to check the profile against the hardware")
+            return
         if not launch:
             self.add("profile vs hardware", "WARN", "not started by the launcher: no tuned profile, hardware unseen",
                      "start with `python -m qwen_vllm_ext.serve` (it picks the profile for the GPU)")
@@ -366,7 +376,8 @@ class Doctor:
                                                 for p in m.get("pricing", []))]:
             if not isinstance(value, str) or not re.match(r"^\d+(\.\d+)?$", value):
                 problems.append(f"price {name}={value!r} is not a plain decimal string")
-        for listed, setting in (("prompt", "price_prompt"), ("completion", "price_completion")):
+        hidden = "details" in (self.health or {})  # gateway on, no admin key: only the on/off settings are shown
+        for listed, setting in (() if hidden else (("prompt", "price_prompt"), ("completion", "price_completion"))):
             want = Decimal(settings.get(setting) or "0") / 10**6
             if listed in pricing and Decimal(pricing[listed]) != want:
                 problems.append(f"listed {listed} {pricing[listed]} != setting {setting} {settings.get(setting)}/M")
@@ -401,6 +412,10 @@ class Doctor:
             else:
                 self.add("openrouter: usage", "FAIL", f"usage cost {usage['cost']} != usage x listed prices {expected}",
                          "the listing and the ledger price differently: check the billing policy")
+        if hidden:
+            self.add("openrouter: settings", "WARN", "prices, keep-alives and early 429s not compared with the settings: "
+                     "the server shows them only to the admin (gateway on)", "rerun with --admin-key")
+            return
         if not settings.get("sse_keepalive_s"):
             self.add("openrouter: keep-alives", "WARN", "sse_keepalive_s=0: long silent streams (queue, prefill, "
                      "reasoning) send nothing", "set sse_keepalive_s (e.g. 10): the aggregator may cancel idle streams")
@@ -480,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qwen_vllm_ext.doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="the server, e.g. http://localhost:8000")
     parser.add_argument("--api-key", help="a key for the probes (gateway on)")
-    parser.add_argument("--admin-key", help="the admin key (checks that the admin routes take it and refuse others)")
+    parser.add_argument("--admin-key", default=os.environ.get("QWEN_VLLM_EXT_ADMIN_KEY") or None,
+                        help="the admin key (checks that the admin routes take it and refuse others); default: the "
+                        "environment variable QWEN_VLLM_EXT_ADMIN_KEY, which unlike a flag does not show in `ps`")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args(argv)

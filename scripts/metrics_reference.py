@@ -65,7 +65,10 @@ def render() -> str:
         "`_bucket`/`_sum`/`_count`.",
         "",
         f"Label sets are bounded: codes and statuses come from fixed sets; API keys appear only in the top-key "
-        f"gauges ({TOP_KEYS} keys per replica over the last {TOP_WINDOW_S:.0f} s, the rest as `other`). "
+        f"gauges ({TOP_KEYS} keys per replica over the last {TOP_WINDOW_S:.0f} s, the rest as `other`), and with the "
+        "gateway on only when the `metrics_key` setting guards `/metrics` (Prometheus then scrapes with "
+        "`authorization: {type: Bearer, credentials_file: ...}`: [operating.md](operating.md); without it the two "
+        "families have no samples and `/metrics` stays public). "
         "`qwen_ext_sched_*` exist only with the token-weighted scheduler, the gateway families only with the "
         "gateway on, the ledger families only with the ledger on. How to act on each alert: "
         "[operating.md](operating.md).",

@@ -35,6 +35,7 @@ class ServerContext:
     initialized: bool = False  # init_state ran (plugin or source patch)
     calculator: Calculator | None = None  # for the served tokenizer and chat template
     served_model: str | None = None  # the first served model name (vLLM's default model)
+    served_models: tuple[str, ...] = ()  # every served model name: the only model labels records and metrics carry
     admission: Served | None = None  # what the gateway's admission needs (gateway on)
     ledger_store: LedgerStore | None = None  # (ledger on): the spike breaker reads baselines from it
     listing: list[ModelFacts] | None = None  # one per served model (openrouter on)
@@ -70,6 +71,7 @@ def install_server_context(app_or_state, settings) -> ServerContext:
 @dataclasses.dataclass
 class RequestContext:
     api_key_id: str | None = None  # the gateway's authenticated key
+    unauthenticated: bool = False  # the gateway refused the request for a missing or unknown API key (401)
     model: str | None = None  # the model the engine serves the request with (the default when none is named)
     body: dict | None = None  # the request body as the gateway parsed it (once; the ledger reads it from here)
     on_usage: list[Callable[[Any], None]] = dataclasses.field(default_factory=list)  # called with the ledger record

@@ -22,7 +22,8 @@ def init_state(state, args) -> None:
 
     ctx = server_context(state)
     names = getattr(args, "served_model_name", None) or [args.model]
-    ctx.served_model = names[0] if isinstance(names, list) else names
+    names = list(names) if isinstance(names, (list, tuple)) else [names]
+    ctx.served_model, ctx.served_models = names[0], tuple(names)
     from ..kv.reuse import served_template
 
     # the template vLLM serves: the package's prefix-stable one in KV-reuse mode (else from the tokenizer)

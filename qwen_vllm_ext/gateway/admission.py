@@ -16,6 +16,8 @@ import math
 
 from qwen_v3_calculator.hygiene import sanitize
 
+from ..common.client_strings import (MAX_ID_CHARS, MAX_MODEL_CHARS, BadClientString, check_label,
+                                     find_lone_surrogate, find_unsafe_number, may_hold_surrogates)
 from .request_fields import TEMPLATE_KWARGS, rejected_field, unknown_fields
 
 GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/messages": "messages"}
@@ -76,10 +78,37 @@ def parse_body(raw: bytes) -> dict:
                         "quoting and commas of your payload") from None
     if not isinstance(body, dict):
         raise Rejection(400, "invalid_request_error", "the request body must be a JSON object")
+    check_client_strings(body, raw)
     if "data" in body and isinstance(body["data"], dict) and not {"messages", "prompt", "model"} & body.keys():
         raise Rejection(400, "double_wrapped_body", "the request body is wrapped in {\"data\": ...}: send the "
                         "OpenAI request object itself (a proxy or CDN may be re-encoding it)", param="data")
     return body
+
+
+LABEL_FIELDS = {"model": MAX_MODEL_CHARS, "user": MAX_ID_CHARS, "request_id": MAX_ID_CHARS,
+                "session_id": MAX_ID_CHARS, "cache_salt": MAX_ID_CHARS}
+"""Body fields the server may store, label or log, with their length caps (characters)."""
+
+
+def check_client_strings(body: dict, raw: bytes = b"") -> None:
+    """Refuse (400 ``invalid_value`` naming the field) a body whose label fields (:data:`LABEL_FIELDS`) are too long
+    or hold control characters, any of whose numbers is beyond an int64 or not finite, or any of whose strings holds
+    a lone UTF-16 surrogate (a ``\\ud800`` escape: no
+    store, metric or log line can hold it). Runs before the key's scope is checked, so nothing of it is recorded."""
+    try:
+        for name, cap in LABEL_FIELDS.items():
+            check_label(name, body.get(name), cap)
+    except BadClientString as exc:
+        raise Rejection(400, "invalid_value", f"{exc}", param=exc.field) from None
+    unsafe = find_unsafe_number(body)
+    if unsafe is not None:
+        where, reason = unsafe
+        raise Rejection(400, "invalid_value", f"'{where}' {reason}", param=where)
+    if not raw or may_hold_surrogates(raw):
+        where = find_lone_surrogate(body)
+        if where is not None:
+            raise Rejection(400, "invalid_value", f"'{where}' holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF "
+                            "escape without its pair): send valid Unicode text", param=where.split(" ")[0])
 
 
 def _clean_content(content, counter: list):
@@ -104,13 +133,19 @@ def sanitize_body(body: dict, kind: str) -> int:
     return removed[0]
 
 
-def _int_field(body: dict, name: str, minimum: int) -> int | None:
+MAX_INT_FIELD = 2**31 - 1
+"""Largest integer admission accepts in a numeric field (vLLM's own bound for token counts): no arithmetic on a
+client's ``10**30``."""
+
+
+def _int_field(body: dict, name: str, minimum: int, maximum: int = MAX_INT_FIELD, why: str = "") -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise Rejection(400, "invalid_request_error", f"'{name}' must be an integer >= {minimum}, got {value!r}",
-                        param=name)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        shown = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"an integer of {len(str(value))} digits"
+        raise Rejection(400, "invalid_request_error", f"'{name}' must be an integer from {minimum} to {maximum}"
+                        f"{why}, got {shown}", param=name)
     return value
 
 
@@ -238,11 +273,14 @@ def check_fields(body: dict, kind: str, served: Served) -> None:
                         param=unknown[0])
 
 
-def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", clean: bool = True) -> Admission:
+def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", clean: bool = True,
+          max_n: int = 0, max_sequences: int = 0) -> Admission:
     """Check a parsed generation request against the key's scope and compute its exact cost.
 
     Rule for ``n`` (parallel samples): the prompt is counted once per prompt (as usage reports it) and the
     output up to ``n x max_tokens``; the reconciliation charges usage's prompt + completion tokens.
+    ``n`` is at most ``max_n`` (settings ``max_n``; lowered by the key's own ``max_n``) and the engine sequences
+    of the request (``n`` x prompts) at most ``max_sequences`` (0: no bound).
     """
     model = check_model_scope(body, key, served)
     check_fields(body, kind, served)
@@ -251,7 +289,11 @@ def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", 
     name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None \
         else "max_tokens"
     max_tokens = _int_field(body, name, 1)
-    n = _int_field(body, "n", 1) or 1
+    key_n = getattr(key, "max_n", None) if key is not None else None
+    n_cap, whose = max_n or MAX_INT_FIELD, " (the server's max_n)" if max_n else ""
+    if key_n and key_n < n_cap:
+        n_cap, whose = key_n, " (this API key's max_n)"
+    n = _int_field(body, "n", 1, n_cap, whose) or 1
     _int_field(body, "min_tokens", 0)
     changed = removed > 0
     cap = getattr(key, "max_tokens_cap", None) if key is not None else None
@@ -266,6 +308,10 @@ def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", 
     if max_tokens is None and kind == "completion":
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     prompts = count_prompts(body, kind, served)
+    if max_sequences and n * len(prompts) > max_sequences:
+        raise Rejection(400, "too_many_sequences", f"the request runs {n * len(prompts)} engine sequences ({len(prompts)}"
+                        f" prompt(s) x n={n}); this server runs at most {max_sequences} per request "
+                        "(max_sequences_per_request): send fewer prompts or a smaller n", param="n")
     longest = max(prompts)
     max_model_len = served.max_model_len
     if longest >= max_model_len:
@@ -278,14 +324,16 @@ def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", 
                      cost=sum(prompts) + completion, sanitized_chars=removed, model=model)
 
 
-def admit_messages(body: dict, chat_body: dict, key, served: Served, over_cap: str = "reject") -> Admission:
+def admit_messages(body: dict, chat_body: dict, key, served: Served, over_cap: str = "reject", max_n: int = 0,
+                   max_sequences: int = 0) -> Admission:
     """An Anthropic ``/v1/messages`` request, counted as the chat request ``chat_body`` that vLLM converts it to
     (:func:`qwen_vllm_ext.gateway.vllm_requests.to_chat_body`). The body forwarded to vLLM stays the Anthropic one;
     a max_tokens lowered to the key's cap is written back into it. Text is not sanitized here: the count must
     be of the text the engine will see."""
     check_fields(body, "messages", served)
     try:
-        admission = admit(chat_body, "chat", key, served, over_cap=over_cap, clean=False)
+        admission = admit(chat_body, "chat", key, served, over_cap=over_cap, clean=False, max_n=max_n,
+                          max_sequences=max_sequences)
     except Rejection as rej:  # name the Anthropic field, not the chat field it was converted to
         if rej.param == "max_completion_tokens":
             rej.param, rej.message = "max_tokens", rej.message.replace("'max_completion_tokens'", "'max_tokens'")

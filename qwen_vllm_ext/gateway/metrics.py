@@ -26,27 +26,34 @@ def rejected(code: str, http_status: int, key_id: str | None) -> None:
 
 
 class TopKeyRejections:
-    """Custom collector: ``qwen_ext_top_key_rejections`` (register once per process: :func:`register`)."""
+    """Custom collector: ``qwen_ext_top_key_rejections`` (register once per process: :func:`register`); with
+    ``per_key`` false the family has no samples (:func:`catalog.per_key_series`)."""
+
+    def __init__(self, per_key: bool = True):
+        self.per_key = per_key
 
     def collect(self):
         family = catalog.family("qwen_ext_top_key_rejections")
-        for key_id, n in _top_rejections.top(time.time()).items():
-            family.add_metric([key_id], n)
+        if self.per_key:
+            for key_id, n in _top_rejections.top(time.time()).items():
+                family.add_metric([key_id], n)
         yield family
 
 
-_registered = False
+_registered: TopKeyRejections | None = None
 
 
-def register() -> None:
-    """Create the gateway's families now (so they show at 0 before the first request) and register the collector."""
+def register(per_key: bool = True) -> None:
+    """Create the gateway's families now (so they show at 0 before the first request) and register the collector
+    (``per_key``: :func:`catalog.per_key_series` of the server's settings; a later call updates it)."""
     global _registered
-    if _registered:
+    if _registered is not None:
+        _registered.per_key = per_key
         return
     catalog.counter("qwen_ext_gateway_admissions")
     rejections = catalog.counter("qwen_ext_gateway_rejections")
     for code, status in ALERTED:
         rejections.labels(code, str(status))
     catalog.histogram("qwen_ext_gateway_overhead_seconds")
-    catalog.register_collector(TopKeyRejections())
-    _registered = True
+    _registered = TopKeyRejections(per_key)
+    catalog.register_collector(_registered)

@@ -33,6 +33,8 @@ from .admission import (GENERATION_PATHS, UNMETERED_POST, Rejection, admit, admi
 logger = logging.getLogger("qwen_vllm_ext.gateway")
 
 PUBLIC_PATHS = {"/health", "/ping", "/version", "/metrics", "/qwen_ext/health", "/load"}
+METRICS_PATH = "/metrics"  # public unless the metrics_key setting is set (then: check_metrics)
+"""vLLM mounts its metrics app on ``^/metrics(?P<path>.*)$``: every path with this prefix is /metrics."""
 ADMIN_PREFIX = "/qwen_ext/admin/"
 SLOT_LEASE_S = 30.0
 WINDOW_S = 60.0
@@ -147,12 +149,19 @@ class GatewayMiddleware:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
+        if scope["type"] == "websocket":  # (a realtime route): the same keys as HTTP, refused before the handshake
+            return await self._websocket(scope, receive, send)
+        if path.startswith(METRICS_PATH) and scope["type"] == "http" and self.settings.metrics_key:
+            if not check_metrics(scope, self.settings):  # per-key series: only with the scrape credential
+                return await reject(send, metrics_rejection(), path)
+            return await self.app(scope, receive, send)
         if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(ADMIN_PREFIX):
             return await self.app(scope, receive, send)
         started = time.perf_counter()
         try:
             key = await self._authenticate(scope)
         except Rejection as rej:  # (its headers: Retry-After when the key store is unavailable)
+            request_context(scope).unauthenticated = rej.status == 401  # its record keeps no client-chosen id
             return await reject(send, rej, path)
         request = request_context(scope)
         request.api_key_id = key.key_id
@@ -190,13 +199,17 @@ class GatewayMiddleware:
             # exact counting of up to max_body_bytes (~1 s for 8 MB) runs off the event loop
             parsed = parse_body(raw) if inline else await asyncio.to_thread(parse_body, raw)
             request.body = parsed  # parsed once: the ledger reads the model and the conversation id from here
-            over_cap = self.settings.max_tokens_over_cap
+            bounds = dict(over_cap=self.settings.max_tokens_over_cap, max_n=self.settings.max_n,
+                          max_sequences=self.settings.max_sequences_per_request)
             if kind == "messages":  # counted as the chat request vLLM converts it to
                 chat_body = await vllm_requests.to_chat_body(parsed, scope["app"].state)
-                run = lambda: admit_messages(parsed, chat_body, key, served, over_cap=over_cap)  # noqa: E731
+                run = lambda: admit_messages(parsed, chat_body, key, served, **bounds)  # noqa: E731
             else:
-                run = lambda: admit(parsed, kind, key, served, over_cap=over_cap)  # noqa: E731
+                run = lambda: admit(parsed, kind, key, served, **bounds)  # noqa: E731
             admission = run() if inline else await asyncio.to_thread(run)
+            if kind != "messages":  # (a /v1/messages body was validated by vLLM's converter)
+                check = lambda: vllm_requests.check_request(admission.body, kind)  # noqa: E731
+                check() if inline else await asyncio.to_thread(check)
             if strip_hint(admission.body, self.settings.scheduler.output_hint_key):
                 admission.body_changed = True
             held = await self._reserve(key, admission)
@@ -235,6 +248,20 @@ class GatewayMiddleware:
                     await asyncio.to_thread(self.limiter.release_slot, held.slot_name, held.slot)
                 except Exception:  # never mask the request's own outcome; the lease expires by itself
                     logger.exception("qwen-vllm-ext gateway: releasing a concurrency slot failed")
+
+    async def _websocket(self, scope, receive, send):
+        """A websocket connection needs a valid API key like any HTTP request: without one the handshake is refused
+        (close code 1008, policy violation; the server answers the upgrade with 403) and the app never sees it."""
+        try:
+            key = await self._authenticate(scope)
+        except Rejection as rej:
+            metrics.rejected(rej.code, rej.status, None)
+            message = await receive()  # websocket.connect
+            if message["type"] == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008, "reason": rej.code})
+            return
+        request_context(scope).api_key_id = key.key_id
+        return await self.app(scope, receive, send)
 
     # ---- steps ----------------------------------------------------------------------------------
     async def _authenticate(self, scope):
@@ -438,3 +465,22 @@ def check_admin(scope, admin_key: str) -> bool:
     """Constant-time check of the admin bearer token."""
     token = bearer(scope)
     return bool(admin_key) and token is not None and hmac.compare_digest(token.encode(), admin_key.encode())
+
+
+def check_metrics(scope, settings) -> bool:
+    """May this request read ``/metrics``? Anyone while the ``metrics_key`` setting is empty (the per-key series are
+    then left out: ``gateway.metrics.per_key_series``); else only ``Authorization: Bearer <metrics_key>`` or the admin
+    key (constant-time comparisons; ``usage reconcile`` and the doctor send the admin key)."""
+    if not settings.metrics_key:
+        return True
+    token = bearer(scope)
+    if token is None:
+        return False
+    return hmac.compare_digest(token.encode(), settings.metrics_key.encode()) or check_admin(scope, settings.admin_key)
+
+
+def metrics_rejection() -> Rejection:
+    return Rejection(401, "invalid_metrics_key", "/metrics needs 'Authorization: Bearer <metrics_key>' (the metrics_key "
+                     "setting; it carries per-API-key series). Prometheus: set authorization: {type: Bearer, "
+                     "credentials_file: /etc/prometheus/qwen-metrics-key} in the scrape config (docs/operating.md)",
+                     type_="authentication_error")

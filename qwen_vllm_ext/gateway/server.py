@@ -28,7 +28,7 @@ def attach(app, settings) -> list:
     limiter = open_limiter(where.backend, where.target)
     breaker = SpikeBreaker(settings, limiter, key_store, lambda: server_context(app).ledger_store,
                            counter=catalog.counter("qwen_ext_keys_suspended"))
-    metrics.register()
+    metrics.register(per_key=catalog.per_key_series(settings))
     declare("keys", "limiter")
     inline = limiter.nonblocking() if hasattr(limiter, "nonblocking") else None  # SQLite: admission inline
     app.add_middleware(GatewayMiddleware, settings=settings, keys=KeyCache(key_store), limiter=limiter,

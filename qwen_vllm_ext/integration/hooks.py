@@ -23,7 +23,7 @@ def _settings():
 
 
 def install(name: str) -> bool:
-    """Install capability ``name`` (``usage_accounting``, ``per_chunk_usage``) in this process.
+    """Install capability ``name`` (``usage_accounting``, ``per_chunk_usage``, ``connection_guard``…) in this process.
 
     Called at the end of the patched vLLM module that owns the wrapped code, right after its classes exist.
     """

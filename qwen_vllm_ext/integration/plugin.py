@@ -104,13 +104,17 @@ class EndpointPlugin:
     def attach_router(self, app) -> None:
         from fastapi import APIRouter
 
+        from fastapi.responses import JSONResponse
+
         router = APIRouter()
-
-        @router.get(HEALTH_PATH)
-        async def qwen_ext_health() -> dict:
-            return health_report(app)
-
         settings = Settings.current()
+
+        async def qwen_ext_health(request) -> JSONResponse:  # a plain Starlette route: it is handed the request
+            report = health_report(app)
+            return JSONResponse(report if details_allowed(request.scope, settings) else public_view(report))
+
+        router.add_route(HEALTH_PATH, qwen_ext_health, methods=["GET"])
+
         problem = shared_state_problem(settings)
         if problem:  # plain `vllm serve` with the plugin: the same refusal as the launcher's
             raise RuntimeError(f"qwen-vllm-ext: {problem}")
@@ -194,8 +198,10 @@ def instance_id() -> str:
 def health_report(app=None) -> dict:
     """The health route's report (``app``: the API server's, for its KV-reuse state)."""
     from ..common.context import find_server_context
+    from ..gateway.vllm_connections import status as connections_status
     from ..kv.server import status as kv_status
     from ..scheduling.metrics import scheduler_status
+    from ..usage.metrics import ledger_health
 
     local = register_general()
     processes = status.read_processes()
@@ -214,10 +220,48 @@ def health_report(app=None) -> dict:
         "plugin_loaded_in": roles,
         "scheduler": scheduler_status(),
         "kv_reuse": kv_status(getattr(find_server_context(app), "kv", None) if app is not None else None),
+        "connections": connections_status(),
+        # None without the ledger; ready false while its writer is stopped or spilling (reported, not a failed probe)
+        "ledger": ledger_health(),
         "processes": processes,
         "settings": Settings.current().public(),
         "launch": _launch(),
     }
+
+
+DETAIL_FIELDS = ("processes", "launch", "instance_id")
+"""Parts of the health report only the admin sees when the gateway is on: pids, paths, the host-derived instance id,
+the launch record; ``settings`` shrinks to its on/off switches."""
+PRIVATE_KEYS = frozenset({"pid", "pids", "spill_dir", "data_dir", "path", "instance_dir"})
+"""Keys dropped from every section of the public view (pids and paths the scheduler and ledger sections carry)."""
+DETAILS_NOTE = ("settings, processes, the instance id and the launch record are shown with 'Authorization: Bearer "
+                "<admin_key>' (the gateway is on)")
+
+
+def details_allowed(scope, settings: Settings) -> bool:
+    """The whole report goes to anyone when the gateway is off (nothing on the server asks for a key then), else only
+    to a request carrying the admin key."""
+    if not settings.gateway:
+        return True
+    from ..gateway.middleware import check_admin
+
+    return check_admin(scope, settings.admin_key)
+
+
+def public_view(report: dict) -> dict:
+    """The health report without what only an operator should read (:data:`DETAIL_FIELDS`, :data:`PRIVATE_KEYS`); the
+    settings reduced to their booleans (which capabilities are on), so a doctor without the admin key still knows."""
+    def scrub(value):
+        if isinstance(value, dict):
+            return {k: scrub(v) for k, v in value.items() if k not in PRIVATE_KEYS}
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        return value
+
+    out = {k: scrub(v) for k, v in report.items() if k not in DETAIL_FIELDS and k != "settings"}
+    out["settings"] = {k: v for k, v in (report.get("settings") or {}).items() if isinstance(v, bool)}
+    out["details"] = DETAILS_NOTE
+    return out
 
 
 def _launch() -> dict | None:

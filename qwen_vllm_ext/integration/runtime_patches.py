@@ -43,8 +43,17 @@ def _turn_checkpoints() -> RuntimePatch:
                         hybrid_checkpoints.PATCH_TARGETS, "kv_turn_checkpoints")
 
 
+def _connection_guard() -> RuntimePatch:
+    from ..gateway import vllm_connections
+
+    # vLLM's uvicorn server in each API-server process: header timeout, connection cap, open-file limit
+    return RuntimePatch("connection_guard", vllm_connections.install, {"api_server"},
+                        vllm_connections.PATCH_TARGETS, "connection_guard")
+
+
 _BUILDERS = {"usage_accounting": _usage_accounting, "per_chunk_usage": _per_chunk_usage,
-             "token_weighted_scheduler": _token_weighted_scheduler, "turn_checkpoints": _turn_checkpoints}
+             "token_weighted_scheduler": _token_weighted_scheduler, "turn_checkpoints": _turn_checkpoints,
+             "connection_guard": _connection_guard}
 
 
 def runtime_patch(name: str) -> RuntimePatch:

@@ -21,6 +21,7 @@ import json
 import sys
 from typing import Any
 
+from qwen_vllm_ext.common.client_strings import printable
 from qwen_vllm_ext.config import Settings
 from qwen_vllm_ext.keys import (MICRO, ApiKey, KeyNotFound, KeyStoreUnavailable, open_key_store,
                                         parse_billed, parse_expiry)
@@ -81,7 +82,7 @@ def label(text: str) -> tuple[str, str]:
 
 # dest -> ApiKey field for the scope options
 _FIELDS = {"models": "models", "rpm": "rpm", "tpm": "tpm", "max_concurrent": "max_concurrent",
-           "max_tokens_cap": "max_tokens_cap", "daily_budget": "daily_budget_micro",
+           "max_tokens_cap": "max_tokens_cap", "max_n": "max_n", "daily_budget": "daily_budget_micro",
            "monthly_budget": "monthly_budget_micro", "expires": "expires_at", "name": "name",
            "suspend_until": "suspended_until", "suspend_reason": "suspend_reason"}
 
@@ -133,7 +134,7 @@ def show_lines(key: ApiKey) -> list[tuple[str, str]]:
             ("created", _time(key.created_at)), ("expires", _time(key.expires_at)),
             ("revoked", _time(key.revoked_at)), ("models", ", ".join(key.models) or "(all)"),
             ("rpm", _num(key.rpm)), ("tpm", _num(key.tpm)), ("max_concurrent", _num(key.max_concurrent)),
-            ("max_tokens_cap", _num(key.max_tokens_cap)), ("daily_budget", _billed(key.daily_budget_micro)),
+            ("max_tokens_cap", _num(key.max_tokens_cap)), ("max_n", _num(key.max_n)), ("daily_budget", _billed(key.daily_budget_micro)),
             ("monthly_budget", _billed(key.monthly_budget_micro)),
             ("labels", ", ".join(f"{k}={v}" for k, v in sorted(key.labels.items())) or "-")]
 
@@ -141,15 +142,15 @@ def show_lines(key: ApiKey) -> list[tuple[str, str]]:
 def format_show(key: ApiKey) -> str:
     lines = show_lines(key)
     width = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
+    return "\n".join(f"{k.ljust(width)}  {printable(v)}" for k, v in lines)
 
 
 def format_list(keys: list[ApiKey]) -> str:
     head = ["KEY_ID", "NAME", "PREFIX", "STATUS", "MODELS", "RPM", "TPM", "CONC", "MAX_TOK", "DAILY",
             "MONTHLY", "EXPIRES"]
-    rows = [[k.key_id, k.name, k.prefix + "...", k.status(), ",".join(k.models) or "(all)", _num(k.rpm),
+    rows = [[printable(c) for c in row] for row in ([k.key_id, k.name, k.prefix + "...", k.status(), ",".join(k.models) or "(all)", _num(k.rpm),
              _num(k.tpm), _num(k.max_concurrent), _num(k.max_tokens_cap), _billed(k.daily_budget_micro),
-             _billed(k.monthly_budget_micro), _time(k.expires_at)] for k in keys]
+             _billed(k.monthly_budget_micro), _time(k.expires_at)] for k in keys)]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows])
 
@@ -164,7 +165,7 @@ def cmd_create(store, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"secret": secret, "key": _public(key)}, indent=2, sort_keys=True))
     else:
-        print(f"Created API key {key.key_id} ({key.name}). Its secret:\n\n    {secret}\n")
+        print(f"Created API key {key.key_id} ({printable(key.name)}). Its secret:\n\n    {secret}\n")
         print(format_show(key))
     print("WARNING: the secret above is shown only now and is NOT stored (only its HMAC is); copy it now. "
           f"A lost secret cannot be recovered: revoke {key.key_id} and create a new key.", file=sys.stderr)
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind, what in (("--rpm", limit, "requests per minute"), ("--tpm", limit, "tokens per minute"),
                              ("--max-concurrent", limit, "concurrent requests"),
                              ("--max-tokens-cap", limit, "cap on a request's max_tokens"),
+                             ("--max-n", limit, "most parallel samples (n) per request, below the server's max_n"),
                              ("--daily-budget", budget, "billed units per UTC day"),
                              ("--monthly-budget", budget, "billed units per UTC month")):
         scope.add_argument(flag, type=kind, default=S, help=f"{what} ('none' = unlimited)")

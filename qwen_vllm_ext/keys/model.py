@@ -9,6 +9,8 @@ import re
 import time
 from typing import Any, Callable
 
+from ..common.client_strings import MAX_MODEL_CHARS, MAX_NAME_CHARS, MAX_TEXT_CHARS, printable, problem
+
 
 SECRET_PREFIX = "qve-"
 SECRET_LEN = len(SECRET_PREFIX) + 43
@@ -16,7 +18,8 @@ KEY_ID_PREFIX = "k_"
 SECRET_FILE = "gateway.secret"
 MICRO = 1_000_000
 MIN_SERVER_SECRET = 16
-LIMIT_FIELDS = ("rpm", "tpm", "max_concurrent", "max_tokens_cap", "daily_budget_micro", "monthly_budget_micro")
+LIMIT_FIELDS = ("rpm", "tpm", "max_concurrent", "max_tokens_cap", "max_n", "daily_budget_micro",
+                "monthly_budget_micro")
 SCOPE_FIELDS = ("models", *LIMIT_FIELDS, "expires_at", "labels")          # accepted by create()
 UPDATABLE_FIELDS = ("name", *SCOPE_FIELDS, "suspended_until", "suspend_reason")   # accepted by update()
 REASONS = ("revoked", "expired", "suspended")
@@ -54,6 +57,7 @@ class ApiKey:
     tpm: int | None = None
     max_concurrent: int | None = None
     max_tokens_cap: int | None = None
+    max_n: int | None = None  # most parallel samples per request (below the server's max_n)
     daily_budget_micro: int | None = None
     monthly_budget_micro: int | None = None
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -141,16 +145,26 @@ def _v_time(name: str, value: Any) -> float | None:
         raise ValueError(f"{name}: {exc}") from None
 
 
+def _text(name: str, value: str, max_chars: int, allow_controls: bool = False) -> str:
+    """``value`` when it can be stored and printed (no lone surrogates, no control characters, not too long)."""
+    reason = problem(value, max_chars, allow_controls)
+    if reason is not None:
+        raise ValueError(f"{name} {reason}, got {printable(value[:80])!r}")
+    return value
+
+
 def _v_name(name: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 200:
-        raise ValueError(f"{name} must be a non-empty string of at most 200 characters, got {value!r}")
-    return value.strip()
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"{name} must be a non-empty string of at most {MAX_NAME_CHARS} characters, got "
+                         f"{printable(str(value)[:80])!r}")
+    return _text(name, value.strip(), MAX_NAME_CHARS)
 
 
 def _v_reason(name: str, value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or len(value) > 1000):
-        raise ValueError(f"{name} must be a string (at most 1000 characters) or None, got {value!r}")
-    return value
+    if value is not None and (not isinstance(value, str) or len(value) > MAX_TEXT_CHARS):
+        raise ValueError(f"{name} must be a string (at most {MAX_TEXT_CHARS} characters) or None, got "
+                         f"{printable(str(value)[:80])!r}")
+    return value if value is None else _text(name, value, MAX_TEXT_CHARS)
 
 
 def _v_models(name: str, value: Any) -> list[str]:
@@ -158,7 +172,7 @@ def _v_models(name: str, value: Any) -> list[str]:
         return []
     if not isinstance(value, (list, tuple)) or not all(isinstance(m, str) and m.strip() for m in value):
         raise ValueError(f"{name} must be a list of non-empty model names ([] = every model), got {value!r}")
-    return list(dict.fromkeys(m.strip() for m in value))
+    return list(dict.fromkeys(_text(name, m.strip(), MAX_MODEL_CHARS) for m in value))
 
 
 def _v_labels(name: str, value: Any) -> dict[str, str]:
@@ -167,7 +181,7 @@ def _v_labels(name: str, value: Any) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and k.strip() and isinstance(v, str)
                                               for k, v in value.items()):
         raise ValueError(f"{name} must map non-empty string keys to string values, got {value!r}")
-    return dict(value)
+    return {_text(name, k, MAX_NAME_CHARS): _text(name, v, MAX_TEXT_CHARS) for k, v in value.items()}
 
 
 _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {

@@ -18,6 +18,7 @@ import os
 import re
 import threading
 
+from ..common.client_strings import storable
 from ..common.family import read_json as _read_json
 
 SESSION_HEADER = b"x-session-id"  # what clients send: vllm-router's consistent_hash hashes it (checked on 0.1.17)
@@ -150,14 +151,13 @@ def _conversation_header(headers) -> tuple[str, str] | None:
 
 def conversation_id(headers, body: dict) -> str | None:
     """``x-session-id``, else ``x-conversation-id`` header (validated by :func:`check_conversation_header`
-    first), else the ``user`` field of the body (a non-empty string of at most 256 characters)."""
+    first), else the ``user`` field of the body (a non-empty string of at most 256 characters, no control
+    characters or lone surrogates: it is stored in the ledger)."""
     header = _conversation_header(headers)
     if header is not None and VALID_CONVERSATION_ID.match(header[1]):
         return header[1]
     user = body.get("user") if isinstance(body, dict) else None
-    if isinstance(user, str) and 0 < len(user) <= MAX_USER_ID_CHARS:
-        return user
-    return None
+    return user or None if storable(user, MAX_USER_ID_CHARS) is not None else None
 
 
 def check_conversation_header(headers) -> tuple[str, str] | None:

@@ -7,7 +7,8 @@ custom collectors), and ``docs/metrics.md`` is generated from it (``scripts/metr
 it current). Pure data apart from the lazy prometheus_client imports.
 
 Label values are bounded by construction: codes and statuses come from fixed sets in the code, key ids only
-through the top-k families (at most :data:`TOP_KEYS` keys + ``other``).
+through the top-k families (at most :data:`TOP_KEYS` keys + ``other``), model names only when served (else
+``other``): no label takes a client's string.
 """
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ TOP_KEYS = 10
 """Key ids the top-key families export (the rest are summed under ``key_id="other"``)."""
 TOP_WINDOW_S = 300.0
 """The sliding window the top-key families count over."""
+
+
+def per_key_series(settings) -> bool:
+    """Do the top-key families export their ``key_id`` series? Not with the gateway on and no ``metrics_key``:
+    ``/metrics`` is public then, and key ids with their traffic are not for whoever reaches the port (the families stay,
+    with no samples; the aggregates are ``qwen_ext_ledger_tokens_total`` and ``qwen_ext_gateway_rejections_total``).
+    With the gateway off there are no keys (``key_id=""``): exported as before."""
+    return not settings.gateway or bool(settings.metrics_key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +71,8 @@ METRICS: tuple[Metric, ...] = (
            "1 per runtime patch a process applied (or vLLM's source carries), 0 when the compatibility guard "
            "disabled it", ("patch", "role"), _I, multiprocess_mode="max"),
     # usage ledger
-    Metric("qwen_ext_billed_units", "counter", "Billed units recorded in the usage ledger", ("model",), _U),
+    Metric("qwen_ext_billed_units", "counter", "Billed units recorded in the usage ledger (model: a served model's "
+           "name, 'other' for the rest)", ("model",), _U),
     Metric("qwen_ext_ledger_records", "counter", "Usage ledger records by status", ("status",), _U),
     Metric("qwen_ext_ledger_tokens", "counter", "Tokens recorded in the usage ledger by this process",
            ("kind",), _U),
@@ -81,6 +91,15 @@ METRICS: tuple[Metric, ...] = (
     Metric("qwen_ext_ledger_spill_pending_records", "gauge",
            "Ledger records in spill files in the data_dir, waiting for the store (0 when none)", (), _U,
            multiprocess_mode="max"),
+    Metric("qwen_ext_ledger_dead_lettered_records", "counter",
+           "Ledger records that can never be written (invalid, or refused by a store that took the rest of their "
+           "batch), kept with the reason in ledger-deadletter-*.jsonl in the data_dir", (), _U),
+    Metric("qwen_ext_ledger_writer_up", "gauge",
+           "1 while the ledger writer thread runs, 0 once it stopped (vLLM's /health then answers 503)", (), _U,
+           multiprocess_mode="livemin"),
+    Metric("qwen_ext_ledger_writer_errors", "counter",
+           "Unexpected errors the ledger writer thread caught and survived (e.g. too many open files during a "
+           "spill replay)", (), _U),
     Metric("qwen_ext_ledger_instance_tokens", "gauge",
            "The ledger store's token totals for this server instance, read from the store (compare with "
            "vllm:prompt_tokens_total / vllm:generation_tokens_total: the exact drift)",
@@ -90,7 +109,8 @@ METRICS: tuple[Metric, ...] = (
            buckets=(0.1, 0.25, 0.5, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)),
     Metric("qwen_ext_top_key_tokens", "gauge",
            f"Prompt + completion tokens in the last {TOP_WINDOW_S:.0f} s of the {TOP_KEYS} busiest API keys "
-           "(key_id; 'other': the rest, '': no key)", ("key_id",), _U),
+           "(key_id; 'other': the rest, '': no key; with the gateway on, only when the metrics_key setting guards "
+           "/metrics)", ("key_id",), _U),
     # gateway
     Metric("qwen_ext_gateway_admissions", "counter", "Requests the gateway admitted to the engine", (), _G),
     Metric("qwen_ext_gateway_rejections", "counter",
@@ -102,7 +122,7 @@ METRICS: tuple[Metric, ...] = (
            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)),
     Metric("qwen_ext_top_key_rejections", "gauge",
            f"Gateway rejections in the last {TOP_WINDOW_S:.0f} s of the {TOP_KEYS} most rejected API keys "
-           "(key_id; 'other': the rest)", ("key_id",), _G),
+           "(key_id; 'other': the rest; only when the metrics_key setting guards /metrics)", ("key_id",), _G),
     Metric("qwen_ext_store_errors", "counter",
            "Failed calls to a shared store (keys, limiter, ledger): each one a 503, a fail-open admission or a "
            "spilled batch", ("store",), "qwen_vllm_ext.observability.stores"),

@@ -50,6 +50,10 @@ class Database:
         self.synchronous, self.busy_timeout_s, self.blocking = synchronous, busy_timeout_s, blocking
         self.lock = threading.Lock()
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        try:  # a new file is the owner's alone (key hashes, usage); SQLite gives its -wal and -shm the same mode
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
         self._connect()
 
     def _connect(self) -> None:

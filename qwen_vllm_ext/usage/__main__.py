@@ -126,12 +126,15 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
     try:
         if not (args.backend or args.db or args.redis_url):  # the ledger the server itself writes to
-            settings = json.loads(fetch(args.url, "/qwen_ext/health"))["settings"]
+            settings = json.loads(fetch(args.url, "/qwen_ext/health", token=args.admin_key))["settings"]
+            if "data_dir" not in settings:
+                raise ValueError("the server shows its settings only to the admin when the gateway is on: pass "
+                                 "--admin-key (or QWEN_VLLM_EXT_ADMIN_KEY), or name the ledger with --db/--redis-url")
             args.backend = settings["ledger_backend"]
             args.redis_url = settings.get("ledger_redis_url") or None
             args.db = locations.ledger_file(settings["data_dir"])
         store = open_from_args(args)
-        result = reconcile(args.url, store)
+        result = reconcile(args.url, store, admin_key=args.admin_key)
     except (URLError, OSError, KeyError, ValueError) as exc:
         print(f"error: cannot reconcile with {args.url}: {exc}", file=sys.stderr)
         return FAILURE
@@ -171,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_args(rep)
     rec = sub.add_parser("reconcile", help="compare ledger totals with a running server's Prometheus counters")
     rec.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    rec.add_argument("--admin-key", default=os.environ.get("QWEN_VLLM_EXT_ADMIN_KEY") or None,
+                     help="the server's admin key (default: QWEN_VLLM_EXT_ADMIN_KEY): with the gateway on, the server "
+                     "shows its instance id and settings only to the admin")
     rec.add_argument("--json", action="store_true")
     add_store_args(rec)
     return parser

@@ -24,7 +24,8 @@ import uuid
 
 from qwen_v3_calculator.billing import to_micro
 
-from ..common.context import find_request_context, request_context
+from ..common.client_strings import MAX_MODEL_CHARS, storable
+from ..common.context import find_request_context, find_server_context, request_context
 from ..kv.reuse import conversation_id, tracker as reuse_tracker
 from .accounting import BOOK, CURRENT_HTTP_REQUEST, RequestTotals
 from .ledger import LedgerRecord, LedgerWriteError, billed_prompt_tokens
@@ -60,8 +61,12 @@ def _status(totals: RequestTotals, http_status: int, disconnected: bool) -> str:
 
 
 class UsageLedgerMiddleware:
-    def __init__(self, app, writer, policy, instance_id: str, on_record=None, on_commit=None, prices=None):
+    def __init__(self, app, writer, policy, instance_id: str, on_record=None, on_commit=None, prices=None,
+                 unauthenticated_records_per_s: float = 1.0):
         self.app = app
+        # requests refused for their API key are counted by the gateway's rejection metric; only this many a second
+        # are recorded (an unauthenticated flood must not grow the ledger without bound)
+        self.unauthenticated = PerSecondCap(unauthenticated_records_per_s)
         self.writer = writer
         self.policy = policy
         self.prices = prices  # qwen_v3_calculator.billing.Prices or None: the record's cost_pico_usd
@@ -139,6 +144,8 @@ class UsageLedgerMiddleware:
         totals = RequestTotals.from_parts(BOOK.collect(state.key))
         BOOK.expire()  # counts of requests whose recording failed must not pile up
         request = find_request_context(scope)
+        if request is not None and request.unauthenticated and not self.unauthenticated.allow():
+            return  # over unauthenticated_records_per_s: counted by qwen_ext_gateway_rejections_total only
         body = request.body if request is not None and request.body is not None else None
         if body is None:  # the gateway is off (it parses the body once and keeps it on the request context)
             body = await asyncio.to_thread(_parse_body, state.body)  # up to 16 MB: off the event loop
@@ -156,8 +163,10 @@ class UsageLedgerMiddleware:
         except LedgerWriteError as exc:
             if exc.spilled_to is None:
                 raise  # not durable anywhere: the response must not complete as if it were
-            logger.error("qwen-vllm-ext: ledger store failed; record %s kept in %s for replay",
-                         record.request_id, exc.spilled_to)
+            # spilled (replayed later) or dead-lettered (it can never be written: kept with the reason); either way
+            # on disk, so the response completes
+            logger.error("qwen-vllm-ext: ledger record %s not written to the store (%s); kept in %s",
+                         record.request_id, exc, exc.spilled_to)
         finally:
             # Reconciliation (gateway refunds, budgets, spike breaker) needs the counts, not durability.
             if self.on_record is not None:
@@ -182,16 +191,19 @@ class UsageLedgerMiddleware:
         cost = 0 if self.prices is None else self.prices.cost_pico(billed_prompt, totals.completion_tokens, cached,
                                                                    policy=self.policy)
         request = find_request_context(scope)
-        model = body.get("model") if isinstance(body.get("model"), str) else ""
-        # a request that names no model is served by the default one: the gateway says which
-        model = model or (request.model if request is not None else None) or ""
-        conversation = conversation_id(scope.get("headers"), body)
+        server = find_server_context(scope.get("app"))
+        model = record_model(body.get("model"), request.model if request is not None else None,
+                             server.served_models if server is not None else (),
+                             ran=bool(totals.engine_prompt_tokens) or status in ("stop", "length"))
+        unauthenticated = request is not None and request.unauthenticated
+        # a request refused for its API key: nothing it chose (ids, conversation) is stored
+        conversation = None if unauthenticated else conversation_id(scope.get("headers"), body)
         reuse_ratio = None
         if status in ("stop", "length") and totals.engine_prompt_tokens:  # a turn the engine really ran
             reuse_ratio = reuse_tracker().observe(conversation, totals.prompt_tokens, totals.cached_tokens,
                                                   totals.completion_tokens)
         return LedgerRecord(
-            request_id=engine_id,
+            request_id=f"unauth-{uuid.uuid4().hex}" if unauthenticated else engine_id,
             instance_id=self.instance_id,
             model=model,
             endpoint=scope["path"],
@@ -214,6 +226,39 @@ class UsageLedgerMiddleware:
             reuse_ratio=reuse_ratio,
             cost_pico_usd=cost,
         )
+
+
+def record_model(client_model, resolved: str | None, served: tuple[str, ...], ran: bool) -> str:
+    """The model a record (and the ``model`` metric label) carries: a served model's name, never an arbitrary client
+    string. The gateway's resolved model or the client's when the server serves it (or the engine ran the request:
+    vLLM accepted the name, a LoRA adapter say) and it is storable; the default served model when the request named
+    none; else ``""`` (a request for a model this server does not serve, refused)."""
+    for name in (resolved, client_model):
+        if isinstance(name, str) and name and (name in served or (ran and storable(name, MAX_MODEL_CHARS))):
+            return name
+    if not client_model and served:
+        return served[0]
+    return resolved if resolved and not client_model and storable(resolved, MAX_MODEL_CHARS) else ""
+
+
+class PerSecondCap:
+    """At most ``rate`` events per second (a token bucket of one second's worth); ``rate`` 0: none. Thread-safe enough
+    for the event loop it runs on (one API-server process)."""
+
+    def __init__(self, rate: float, clock=time.monotonic):
+        self.rate, self.clock = rate, clock
+        self._tokens, self._last = max(rate, 1.0), clock()
+
+    def allow(self) -> bool:
+        if self.rate <= 0:
+            return False
+        now = self.clock()
+        self._tokens = min(max(self.rate, 1.0), self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
 
 
 def _parse_body(raw: bytearray) -> dict:

@@ -30,8 +30,12 @@ def parse_counters(text: str, names) -> dict[str, float]:
     return sums
 
 
-def fetch(url: str, path: str, timeout: float = 10.0) -> str:
-    with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as resp:
+def fetch(url: str, path: str, timeout: float = 10.0, token: str | None = None) -> str:
+    """GET ``url + path`` (with ``Authorization: Bearer <token>`` when given: the admin key shows the health route's
+    details -- instance id, settings -- when the gateway is on)."""
+    request = urllib.request.Request(url.rstrip("/") + path,
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
         return resp.read().decode("utf-8")
 
 
@@ -43,9 +47,13 @@ def drift(server_counts: dict[str, float], ledger_totals: dict) -> dict[str, int
     }
 
 
-def reconcile(url: str, store) -> dict:
-    """Fetch the server's counters and instance id, sum the ledger for that instance, report the drift."""
-    health = json.loads(fetch(url, "/qwen_ext/health"))
-    server = parse_counters(fetch(url, "/metrics"), COUNTERS.values())
+def reconcile(url: str, store, admin_key: str | None = None) -> dict:
+    """Fetch the server's counters and instance id, sum the ledger for that instance, report the drift (with the
+    gateway on, the instance id needs the admin key)."""
+    health = json.loads(fetch(url, "/qwen_ext/health", token=admin_key))
+    if "instance_id" not in health:
+        raise ValueError("the server shows its instance id only to the admin when the gateway is on: pass --admin-key "
+                         "or set QWEN_VLLM_EXT_ADMIN_KEY")
+    server = parse_counters(fetch(url, "/metrics", token=admin_key), COUNTERS.values())
     totals = store.totals(instance_id=health["instance_id"])
     return {"instance_id": health["instance_id"], "server": server, "ledger": totals, "drift": drift(server, totals)}

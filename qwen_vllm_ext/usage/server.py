@@ -27,19 +27,23 @@ def attach(app, settings) -> None:
     from ..store.redis import safe_url
     from .access_log import AccessLog, StratifiedSampler
     from .ledger import LedgerWriter, open_store
+    from ..observability import catalog
     from ..observability.stores import declare, store_result
-    from .metrics import metrics, observe_record, observe_writer, register_collector
+    from .health import LedgerHealthGate
+    from .metrics import metrics, observe_record, observe_writer, observe_writer_stop, register_collector
     from .middleware import UsageLedgerMiddleware
 
     os.makedirs(settings.data_dir, exist_ok=True)
     where = locations.ledger(settings)
     store = open_store(where.backend, where.target)
     writer = LedgerWriter(store, spill_dir=settings.data_dir, on_batch=lambda _s, _r: store_result("ledger", True),
-                          on_failure=lambda _e: store_result("ledger", False), on_count=observe_writer)
+                          on_failure=lambda _e: store_result("ledger", False), on_count=observe_writer,
+                          on_stop=observe_writer_stop)
     writer.replay_spill()
-    register_collector(writer, store, instance_id())
+    register_collector(writer, store, instance_id(), per_key=catalog.per_key_series(settings))
     declare("ledger")
-    atexit.register(writer.close)
+    # The writer closes itself at interpreter exit, bounded (ledger.writer.CLOSE_TIMEOUT_S): what the store has not
+    # taken by then is spilled for the next start. No unbounded close here: SIGTERM must not hang on a stuck store.
     access_log = None
     if settings.access_log:
         from qwen_v3_calculator import default_calculator
@@ -50,12 +54,14 @@ def attach(app, settings) -> None:
         atexit.register(access_log.close)
 
     def on_record(record, body):
-        observe_record(record, writer.queue_depth())
+        observe_record(record, writer.queue_depth(), server_context(app).served_models)
         if access_log is not None:
             access_log.log(record, body)
 
     app.add_middleware(UsageLedgerMiddleware, writer=writer, policy=get_policy(settings.billing_policy),
                        prices=settings.prices(), instance_id=instance_id(), on_record=on_record,
+                       unauthenticated_records_per_s=settings.unauthenticated_records_per_s,
                        on_commit=metrics()["write"].observe)
+    app.add_middleware(LedgerHealthGate, writer=writer)  # vLLM's /health fails (503) while the writer is stopped
     server_context(app).ledger_store = store
     logger.info("qwen-vllm-ext: usage ledger on %s (%s)", where.backend, safe_url(where.target))

@@ -76,3 +76,21 @@ def test_token_weighted_scheduler_active_in_the_engine_core(demo_server, openai_
     assert "qwen_ext_sched_aging_half_life_seconds{" not in metrics  # aging runs on the work clock by default
     stats = scheduler["stats"]
     assert stats["load_factor"] >= 1.0 and stats["half_life_tokens"] >= 2500 and stats["admitted_weight"] > 0
+
+
+def test_connection_guard_serves_the_api_server(demo_server):
+    """The runtime patch connection_guard wraps vLLM's uvicorn server in the API-server process (plugin path): the health
+    route reports its limits, and a connection that has sent nothing yet waits under its header timer. The timer and
+    the cap on real sockets: tests/integration/test_connection_guard.py (vLLM's NoSignalServer, no engine)."""
+    import socket
+    import time
+
+    with socket.create_connection(("127.0.0.1", demo_server.port), timeout=10):
+        time.sleep(0.3)
+        with urllib.request.urlopen(demo_server.base_url + "/qwen_ext/health", timeout=10) as r:
+            health = json.load(r)
+    guard = health["connections"]
+    assert guard["header_timeout_s"] == 15.0 and guard["waiting_for_headers"] >= 1 and guard["open"] >= 2
+    assert 0 < guard["cap"] <= guard["fd_limit"] - min(1024, guard["fd_limit"] // 2)
+    api = [p for p in health["processes"] if p["role"] == "api_server"]
+    assert api and all("connection_guard" in p["patches"] for p in api)

@@ -258,7 +258,8 @@ def test_token_storm_through_the_router_reports_no_accounting_errors(fleet, redi
     assert len([r for r in rows if r["requests"] > 0]) == 2, rows
     for url in fleet.replica_urls:
         rec = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.usage", "reconcile", "--url", url,
-                              "--redis-url", redis_srv.url], capture_output=True, text=True, timeout=120)
+                              "--redis-url", redis_srv.url, "--admin-key", ADMIN], capture_output=True, text=True,
+                             timeout=120)
         assert rec.returncode == 0, rec.stdout + rec.stderr
 
 
@@ -360,7 +361,8 @@ def test_kill_9_of_a_replica_fails_only_its_requests_and_it_rejoins(fleet, redis
 
 
 def _instance(url: str) -> str:
-    return httpx.get(url + "/qwen_ext/health", timeout=30).json()["instance_id"]
+    return httpx.get(url + "/qwen_ext/health", timeout=30, headers={"Authorization": f"Bearer {ADMIN}"}).json()[
+        "instance_id"]
 
 
 # ------------------------------------------------------------------------------------------------ stopping

@@ -1,6 +1,7 @@
 """E2E: the in-server gateway on the demo server — keys, exact reserve-and-reconcile limits, budgets, headers,
 spike breaker, clean errors for bad input; on SQLite, and with two API-server processes sharing Redis."""
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -186,8 +187,12 @@ def test_no_generation_escapes_metering_and_no_secret_leaks(gw):
     r = client.post("/v1/chat/completions", headers=auth,
                     json={"model": SERVED_NAME, "messages": HI, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7
-    health = client.get("/qwen_ext/health").text  # public route
-    assert ADMIN not in health and '"admin_key": "***"' in health.replace('":"', '": "')
+    public = client.get("/qwen_ext/health").json()  # public route: no pids, paths, instance id or settings values
+    assert "processes" not in public and "instance_id" not in public and "launch" not in public
+    assert public["settings"]["gateway"] is True and "data_dir" not in public["settings"] and "details" in public
+    assert "admin_key" not in public["settings"] and ADMIN not in json.dumps(public)
+    full = client.get("/qwen_ext/health", headers={"Authorization": f"Bearer {ADMIN}"}).text  # the admin sees every setting, secrets masked
+    assert ADMIN not in full and '"admin_key": "***"' in full.replace('":"', '": "') and '"instance_id"' in full
 
 
 def test_admin_endpoints(gw):
@@ -277,8 +282,8 @@ def test_bad_input_suite(gw):
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 9
     # the server keeps serving, and the ledger still agrees with vLLM's counters
     assert chat(client, secret, max_tokens=2).status_code == 200
-    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.usage", "reconcile", "--url", server.base_url],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.usage", "reconcile", "--url", server.base_url,
+                           "--admin-key", ADMIN], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -445,3 +450,132 @@ def test_field_coverage_admission_count_equals_engine_count(request, template):
     assert any(o[3] == "unsupported_parameter" for o in outcomes)
     other = [o for o in outcomes if o[2] != 200 and o[3] != "unsupported_parameter"]
     assert all(o[2] == 400 for o in other), other  # vLLM's own 400s (e.g. tool_choice auto without a parser)
+
+
+# ---- issue 45: nothing a client sends takes the server down or poisons the ledger ------------------------------------
+FUZZ_PER_FIELD = None if os.environ.get("QWEN_VLLM_EXT_FUZZ_PER_FIELD") == "all" else int(
+    os.environ.get("QWEN_VLLM_EXT_FUZZ_PER_FIELD", "3"))
+"""Hostile values per request field in the abuse suite (``all``: every value of tests/hostile.py, ~5,000 requests)."""
+
+def test_abuse_suite_keeps_the_server_healthy_the_ledger_exact_and_metrics_bounded(gw):
+    """10,000 hostile requests (distinct model names from a scoped and an unscoped key, keyless requests with
+    client-chosen ids, the probe's lone-surrogate model) and every request field, header and admin field set to
+    hostile values: each ends in a 4xx or a 200, never a 5xx; the server stays healthy; /metrics stays parseable and
+    under 1 MB with no client string as a label; no record carries a client's model name or an unauthenticated
+    client's ids; the ledger still equals the engine's counters."""
+    import asyncio
+    import sqlite3
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ..hostile import ADMIN_FIELDS, HEADERS, admin_cases, encode, field_cases
+
+    server, data = gw
+    scoped = make_key(data, "--name", "abuse-scoped", "--models", "some-other-model")["secret"]
+    open_key = make_key(data, "--name", "abuse-open", "--rpm", "1000000")["secret"]
+    started = time.time()
+
+    async def flood():
+        limits = httpx.Limits(max_connections=32)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120, limits=limits) as client:
+            gate = asyncio.Semaphore(32)
+
+            async def one(i):
+                kind = i % 4
+                headers = {"content-type": "application/json"}
+                if kind == 0:    # a key scoped elsewhere naming a new model each time: 403
+                    headers["authorization"] = f"Bearer {scoped}"
+                elif kind == 1:  # an unscoped key naming a model the server does not serve: vLLM's 404
+                    headers["authorization"] = f"Bearer {open_key}"
+                elif kind == 2:  # no key, client-chosen ids: 401
+                    headers.update({"x-request-id": f"attacker-{i}", "x-session-id": f"attacker-session-{i}"})
+                else:            # the probe's poison: a lone surrogate as the model, with a valid key
+                    headers["authorization"] = f"Bearer {scoped if i % 8 == 3 else open_key}"
+                model = "\ud800" if kind == 3 else f"model-{i}-\u00e9"
+                body = encode({"model": model, "messages": HI, "max_tokens": 2, "user": f"user-{i}"})
+                async with gate:
+                    try:
+                        r = await client.post("/v1/chat/completions", headers=headers, content=body)
+                    except (httpx.ReadError, httpx.RemoteProtocolError):
+                        # the keep-alive race: the server closed an idle pooled connection as the client reused it
+                        # (a starved client on 2 cores); counted and bounded below, sent again on a new connection
+                        races.append(i)
+                        r = await client.post("/v1/chat/completions", headers=headers, content=body)
+                return kind, r.status_code, r.json()["error"]["code"]
+
+            return await asyncio.gather(*(one(i) for i in range(10_000)))
+
+    races: list[int] = []
+    outcomes = asyncio.run(flood())
+    assert len(races) <= 10, f"{len(races)} of 10,000 requests lost their connection"
+    flood_s = time.time() - started
+    fuzz_started = time.monotonic()
+    expected = {0: (403, "model_not_allowed"), 2: (401, "invalid_api_key"), 3: (400, "invalid_value")}
+    for kind, status, code in outcomes:
+        if kind == 1:
+            assert status == 404, (kind, status, code)
+        else:
+            assert (status, code) == expected[kind], (kind, status, code)
+
+    client = httpx.Client(base_url=server.base_url, timeout=120)
+    # every request field set to hostile values (a fresh key every 40 requests: the test server's spike threshold)
+    statuses = []
+    for kind, path, base in (("chat", "/v1/chat/completions", {"model": SERVED_NAME, "messages": HI, "max_tokens": 2}),
+                             ("completion", "/v1/completions", {"model": SERVED_NAME, "prompt": "hi", "max_tokens": 2})):
+        for i, (field, value, body) in enumerate(field_cases(kind, base, seed=45, per_field=FUZZ_PER_FIELD)):
+            if i % 40 == 0:
+                secret = make_key(data, "--name", f"fuzz-{kind}-{i}")["secret"]
+            try:
+                r = client.post(path, headers={**auth(secret), "content-type": "application/json"},
+                                content=encode(body))
+            except httpx.TransportError as exc:  # the server dropped the connection: as bad as a 5xx
+                statuses.append((field, repr(value)[:40], 599, repr(exc)))
+                continue
+            statuses.append((field, repr(value)[:40], r.status_code, r.text[:200]))
+    for name, values in HEADERS.items():
+        for value in values:
+            headers = {**auth(open_key), "content-type": "application/json", name: value.encode("utf-8", "surrogatepass")}
+            try:
+                r = client.post("/v1/chat/completions", headers=headers, content=encode(
+                    {"model": SERVED_NAME, "messages": HI, "max_tokens": 1}))
+            except httpx.LocalProtocolError:  # a value HTTP cannot carry (h11 refuses to send it): nothing to test
+                continue
+            statuses.append((name, repr(value)[:40], r.status_code, r.text[:200]))
+    for field, value, body in admin_cases(seed=45, per_field=4):
+        r = client.post("/qwen_ext/admin/keys", headers={**auth(ADMIN), "content-type": "application/json"},
+                        content=encode(body))
+        statuses.append((f"admin.{field}", repr(value)[:40], r.status_code, r.text[:200]))
+    failed = [s for s in statuses if s[2] >= 500]
+    assert not failed, "\n".join(map(repr, failed))
+    assert len({s[0] for s in statuses}) >= len(_request_field_names()) + len(HEADERS) + len(ADMIN_FIELDS) - 1
+    # the admin listing still answers: no key was created with a field it cannot show
+    assert client.get("/qwen_ext/admin/keys", headers=auth(ADMIN)).status_code == 200
+
+    # healthy, serving, and the ledger equals the engine's counters
+    assert client.get("/health").status_code == 200
+    assert chat(client, open_key, max_tokens=2).status_code == 200
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200 and len(metrics.content) < 1 << 20, len(metrics.content)
+    families = list(text_string_to_metric_families(metrics.text))
+    labels = {v for f in families for s in f.samples for v in s.labels.values()}
+    assert not [v for v in labels if v.startswith("model-") or "\ud800" in v or "attacker" in v]
+    time.sleep(1.0)  # the last records are committed
+    with sqlite3.connect(data / "ledger.sqlite3") as db:
+        models = {m for (m,) in db.execute("SELECT DISTINCT model FROM requests WHERE received_at >= ?", (started,))}
+        unauth = db.execute("SELECT request_id, conversation_id FROM requests WHERE http_status = 401 AND "
+                            "received_at BETWEEN ? AND ?", (started, started + flood_s)).fetchall()
+    assert models <= {SERVED_NAME, ""}, sorted(models)[:10]
+    assert 1 <= len(unauth) <= flood_s * 1.0 + 2, (len(unauth), flood_s)  # unauthenticated_records_per_s = 1
+    assert all(rid.startswith("unauth-") and conv is None for rid, conv in unauth)
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.usage", "reconcile", "--url", server.base_url],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "QWEN_VLLM_EXT_ADMIN_KEY": ADMIN})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    print(f"abuse suite: 10,000 hostile requests in {flood_s:.1f} s, {len(statuses)} fuzzed fields in "
+          f"{time.monotonic() - fuzz_started:.1f} s, "
+          f"/metrics {len(metrics.content)} bytes")
+
+
+def _request_field_names():
+    from qwen_vllm_ext.gateway.request_fields import CHAT_FIELDS, COMPLETION_FIELDS
+
+    return set(CHAT_FIELDS) | set(COMPLETION_FIELDS)

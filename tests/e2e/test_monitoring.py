@@ -10,6 +10,8 @@ client disconnect:
 * the recorded ledger drift is exactly 0 and no alert is active but the two the scenario provokes (429 share,
   insufficient quota) — the drift alerts are silent;
 * series per metric stay bounded after 1,000 requests from 200 keys;
+* the server runs with a metrics key (its /metrics refuses a scrape without it) and Prometheus scrapes it with the
+  shipped job's ``authorization`` (deploy/prometheus/prometheus.yml, a static target instead of DNS discovery);
 * records deleted from the ledger store behind the server's back make QwenExtLedgerDriftAtIdle fire, with the
   deleted tokens as its value.
 """
@@ -39,6 +41,8 @@ from .test_gateway import ADMIN, gateway_server
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "qwen-vllm-ext.rules.yml"
+SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+METRICS_KEY = "metrics-key-for-the-monitoring-test"
 IDLE_DRIFT_FOR = "10s"
 
 
@@ -77,11 +81,17 @@ class Prometheus:
         assert binary, "prometheus missing: ./scripts/setup.sh installs Debian's prometheus package"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # the shipped job (its name and scrape credential) with a static target and the key in a file here
+        job, = [j for j in yaml.safe_load(SCRAPE_CONFIG.read_text())["scrape_configs"] if j["job_name"] == JOB]
+        (workdir / "qwen-metrics-key").write_text(METRICS_KEY + "\n")
+        job = {**{k: v for k, v in job.items() if not k.endswith("_sd_configs")},
+               "authorization": {**job["authorization"], "credentials_file": str(workdir / "qwen-metrics-key")},
+               "static_configs": [{"targets": [target]}]}
         config = {
             # a scrape of a busy 2-core server can take over a second: a timed-out scrape is a gap in every series
             "global": {"scrape_interval": "2s", "evaluation_interval": "1s", "scrape_timeout": "2s"},
             "rule_files": [str(fast_idle_drift_rules(workdir))],
-            "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [target]}]}],
+            "scrape_configs": [job],
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = open(workdir / "prometheus.log", "w")
@@ -139,7 +149,7 @@ EARLY_GB = 3.5  # one server (Prometheus starts later: ~0.1)
 
 def start_early(tmp_path_factory) -> dict:
     return {"monitored": gateway_server(tmp_path_factory, "monitored", extra=[
-        "--qwen-spike-factor", "0", "--qwen-token-weighted-scheduler", "true"])}
+        "--qwen-spike-factor", "0", "--qwen-token-weighted-scheduler", "true", "--qwen-metrics-key", METRICS_KEY])}
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +303,8 @@ def test_a_clean_run_has_zero_drift_and_only_the_provoked_alerts(monitored, scen
     # the same figures as `usage reconcile` and the ledger store
     from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
-    instance = httpx.get(server.base_url + "/qwen_ext/health", timeout=10).json()["instance_id"]
+    instance = httpx.get(server.base_url + "/qwen_ext/health", timeout=10,
+                         headers={"Authorization": f"Bearer {ADMIN}"}).json()["instance_id"]
     totals = SqliteLedgerStore(str(data / "ledger.sqlite3")).instance_tokens(instance)
     exported = {s["metric"]["kind"]: float(s["value"][1]) for s in prom.query("qwen_ext_ledger_instance_tokens")}
     assert exported == {"engine_prompt": totals["engine_prompt_tokens"], "completion": totals["completion_tokens"]}
@@ -330,7 +341,9 @@ def test_series_stay_bounded_after_1000_requests_from_200_keys(monitored, scenar
     with ThreadPoolExecutor(16) as pool:
         codes = list(pool.map(one, range(1000)))
     assert codes.count(200) == 1000
-    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    refused = httpx.get(server.base_url + "/metrics", timeout=30)  # the per-key series need the metrics key
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_metrics_key", refused.text
+    text = httpx.get(server.base_url + "/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}, timeout=30).text
     per_family: dict[str, int] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):

@@ -97,7 +97,9 @@ def _stream_chat(server, messages, max_tokens=4):
 def test_the_plugin_is_not_loaded_and_the_source_patches_are_active(patched_server):
     health = _health(patched_server)
     assert health["patch_mode"] == "source" and health["disabled_patches"] == {}
-    assert sorted(health["source_patches"]) == ["per_chunk_usage", "token_weighted_scheduler", "usage_accounting"]
+    assert sorted(health["source_patches"]) == ["connection_guard", "per_chunk_usage", "token_weighted_scheduler",
+                                                "usage_accounting"]
+    assert health["connections"]["header_timeout_s"] == 15.0  # the launcher module's hook guarded vLLM's server
     # only the API server's source hook recorded itself: the general plugin never ran (not in the engine core)
     assert health["plugin_loaded_in"] == ["api_server"]
     assert all(p["patch_mode"] == "source" for p in health["processes"])
@@ -186,7 +188,7 @@ def test_launcher_with_the_plugin_on_a_patched_vllm_does_nothing_twice(patched_v
         server.wait_healthy()
         health = _health(server)
         assert health["patch_mode"] == "plugin" and health["disabled_patches"] == {}
-        assert sorted(health["source_patches"]) == ["per_chunk_usage", "token_weighted_scheduler",
+        assert sorted(health["source_patches"]) == ["connection_guard", "per_chunk_usage", "token_weighted_scheduler",
                                                     "usage_accounting"]
         assert {"api_server", "engine_core"} <= set(health["plugin_loaded_in"])
         body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3,

@@ -20,7 +20,7 @@ from qwen_vllm_ext.usage.reconcile import parse_counters
 
 from ..redis_server import RedisServer
 from .conftest import early_then_stopped
-from .test_gateway import gateway_server, make_key
+from .test_gateway import ADMIN, gateway_server, make_key
 
 
 EARLY_GB = 7  # two servers, one with two API-server processes
@@ -56,7 +56,8 @@ def test_token_storm_on_two_api_servers_sharing_redis(storm_servers, tmp_path):
                              "--duration", "40", "--ledger", redis.url)
         time.sleep(TOTALS_EVERY_S + 1)  # the ledger totals gauge is refreshed on a timer
         scrapes = [httpx.get(server.base_url + "/metrics", timeout=30).text for _ in range(6)]
-        instance = httpx.get(server.base_url + "/qwen_ext/health", timeout=30).json()["instance_id"]
+        instance = httpx.get(server.base_url + "/qwen_ext/health", timeout=30,
+                             headers={"Authorization": f"Bearer {ADMIN}"}).json()["instance_id"]
         from qwen_vllm_ext.usage.ledger import RedisLedgerStore
 
         store = RedisLedgerStore(redis.url)

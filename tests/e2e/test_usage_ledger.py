@@ -210,6 +210,12 @@ def test_metrics_and_access_log(demo_server):
     metrics = fetch(demo_server.base_url, "/metrics")
     assert 'qwen_ext_ledger_records_total{status="error"}' in metrics
     assert "qwen_ext_billed_units_total" in metrics and "qwen_ext_ledger_commit_wait_seconds_count" in metrics
+    assert "qwen_ext_ledger_writer_up 1.0" in metrics and "qwen_ext_ledger_dead_lettered_records_total" in metrics
+    # the writer runs: vLLM's /health passes, and /qwen_ext/health reports the ledger (no spill: ready)
+    assert client.get("/health").status_code == 200
+    ledger = client.get("/qwen_ext/health").json()["ledger"]
+    assert ledger["writer_alive"] and ledger["ready"] and ledger["stopped_reason"] is None, ledger
+    assert ledger["spill_pending_records"] == 0 and os.path.samefile(ledger["spill_dir"], demo_server.data_dir), ledger
     log = Path(demo_server.data_dir) / "access.jsonl"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and "bad-body-1" not in (log.read_text() if log.exists() else ""):

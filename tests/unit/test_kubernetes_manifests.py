@@ -208,7 +208,7 @@ def test_secrets_are_only_in_the_secret():
     assert not leaked, f"ConfigMap {CONFIGMAP} holds secrets (they belong in Secret {SECRET}): {leaked}"
     secret = _one("Secret", SECRET)
     values = {**secret.get("stringData", {}), **secret.get("data", {})}
-    for name in ("gateway_secret", "admin_key"):
+    for name in ("gateway_secret", "admin_key", "metrics_key"):
         assert ENV_PREFIX + name.upper() in values, f"Secret {SECRET} lacks {ENV_PREFIX + name.upper()}"
     assert "HF_TOKEN" in values, f"Secret {SECRET} lacks the (optional) HF_TOKEN key"
     for _, doc in _resources():
@@ -216,6 +216,18 @@ def test_secrets_are_only_in_the_secret():
             for c in doc["spec"]["template"]["spec"]["containers"]:
                 inline = sorted(e["name"] for e in c.get("env", []) if e["name"] in secret_keys and "value" in e)
                 assert not inline, f"{_kn(doc)} container {c['name']} sets secrets inline: {inline}"
+
+
+def test_the_replicas_guard_metrics_with_the_secret_metrics_key():
+    """/metrics carries per-key series only behind the metrics key (issue 45): every replica reads it from the Secret,
+    by name (a Secret without it stops the pod instead of serving /metrics without the per-key series)."""
+    name = ENV_PREFIX + "METRICS_KEY"
+    env = {e["name"]: e for e in _container(_one("Deployment", REPLICA)).get("env", [])}
+    assert name in env, f"Deployment {REPLICA} does not read {name}"
+    ref = env[name].get("valueFrom", {}).get("secretKeyRef", {})
+    assert (ref.get("name"), ref.get("key"), ref.get("optional", False)) == (SECRET, name, False), env[name]
+    settings = Settings.resolve(env=_settings_env())
+    assert settings.gateway and settings.metrics_key, "the fleet's /metrics would be public without the per-key series"
 
 
 def test_replicas_share_their_state_through_redis():

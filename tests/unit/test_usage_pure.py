@@ -722,8 +722,8 @@ def test_reconcile_with_fake_fetch_and_store(monkeypatch):
     pages = {"/qwen_ext/health": json.dumps({"instance_id": "inst-7"}), "/metrics": PROM_TEXT}
     seen = []
 
-    def fake_fetch(url, path, timeout=10.0):
-        seen.append((url, path))
+    def fake_fetch(url, path, timeout=10.0, token=None):
+        seen.append((url, path, token))
         return pages[path]
 
     class Store:
@@ -732,11 +732,15 @@ def test_reconcile_with_fake_fetch_and_store(monkeypatch):
             return {"engine_prompt_tokens": 3500, "completion_tokens": 4320, "prompt_tokens": 3600}
 
     monkeypatch.setattr(rec, "fetch", fake_fetch)
-    out = rec.reconcile("http://h:8000", Store())
+    out = rec.reconcile("http://h:8000", Store(), admin_key="adm")
     assert out["instance_id"] == "inst-7"
     assert out["drift"] == {"prompt_tokens": 0, "completion_tokens": 1}
     assert out["server"]["vllm:generation_tokens_total"] == 4321.0
-    assert {p for _, p in seen} == {"/qwen_ext/health", "/metrics"}
+    assert {(p, t) for _, p, t in seen} == {("/qwen_ext/health", "adm"), ("/metrics", "adm")}
+    # the gateway's public health view has no instance id: reconcile says how to get it instead of a KeyError
+    pages["/qwen_ext/health"] = json.dumps({"details": "admin only"})
+    with pytest.raises(ValueError, match="--admin-key"):
+        rec.reconcile("http://h:8000", Store())
 
 
 # =====================================================================================================

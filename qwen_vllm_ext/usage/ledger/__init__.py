@@ -33,11 +33,23 @@ failed). Records are never dropped silently: the writer replays its own spill fi
 batch again (or, idle, every ``replay_interval_s``), and :meth:`LedgerWriter.replay_spill` at startup (each
 process may; files are claimed by rename) re-submits what a dead process spilled; thanks to idempotency a record
 that did reach the store before the failure is not counted twice.
+
+**Records that can never be written** -- they fail :meth:`LedgerRecord.validate` (e.g. a lone surrogate or a NUL in
+a string), or the store refuses them with a non-transient error while it takes the rest of their batch (the writer
+splits a refused batch in halves to find them) -- are appended with the reason to the dead-letter file
+``<spill_dir>/ledger-deadletter-<pid>.jsonl`` (fsynced, ASCII JSON) and their futures fail with
+:class:`LedgerDeadLettered` (a :class:`LedgerWriteError` whose ``spilled_to`` is that file); they are not retried,
+and a spill replay sends such records there instead of spilling them again.
+
+**The writer cannot die of an error**: every step of its thread is guarded (errors are logged and counted); if
+the thread ends all the same, :attr:`LedgerWriter.alive` is False and ``submit`` spills synchronously.
+:meth:`LedgerWriter.close` is bounded (5 s by default, also at interpreter exit): what is not committed by then
+is spilled for the next start.
 """
 from __future__ import annotations
 
-from .record import (DAILY_FIELDS, MICRO, PROBE_PREFIX, REPORT_BY, STATUSES, TOTAL_FIELDS, LedgerRecord,
-                     LedgerUnavailable, LedgerWriteError, billed_prompt_tokens, utc_day)
+from .record import (DAILY_FIELDS, MICRO, PROBE_PREFIX, REPORT_BY, STATUSES, TOTAL_FIELDS, LedgerDeadLettered,
+                     LedgerRecord, LedgerUnavailable, LedgerWriteError, billed_prompt_tokens, utc_day)
 from .redis import RedisLedgerStore
 from .report import LedgerStore
 from .sqlite import SqliteLedgerStore
@@ -55,6 +67,6 @@ def open_store(backend: str, path_or_url: str) -> SqliteLedgerStore | RedisLedge
     raise ValueError(f"unknown ledger backend {backend!r}; expected 'sqlite' or 'redis'")
 
 
-__all__ = ["DAILY_FIELDS", "MICRO", "PROBE_PREFIX", "REPORT_BY", "STATUSES", "TOTAL_FIELDS", "LedgerRecord",
-           "LedgerStore", "LedgerUnavailable", "LedgerWriteError", "LedgerWriter", "RedisLedgerStore",
+__all__ = ["DAILY_FIELDS", "MICRO", "PROBE_PREFIX", "REPORT_BY", "STATUSES", "TOTAL_FIELDS", "LedgerDeadLettered",
+           "LedgerRecord", "LedgerStore", "LedgerUnavailable", "LedgerWriteError", "LedgerWriter", "RedisLedgerStore",
            "SqliteLedgerStore", "billed_prompt_tokens", "open_store", "utc_day"]

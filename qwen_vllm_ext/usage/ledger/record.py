@@ -15,6 +15,7 @@ MICRO = 1_000_000
 _INT_FIELDS = ("http_status", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
                "engine_prompt_tokens", "billed_prompt_micro", "billed_completion_micro", "cost_pico_usd")
 _MAX_INT = 2**63 - 1
+_STR_FIELDS = ("request_id", "instance_id", "model", "endpoint", "status", "api_key_id", "conversation_id")
 # Aggregates kept per (api key, UTC day, model) and reported by ``report``.
 DAILY_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "billed_micro", "cost_pico_usd")
 TOTAL_FIELDS = ("requests", "prompt_tokens", "engine_prompt_tokens", "cached_tokens", "completion_tokens",
@@ -33,6 +34,16 @@ class LedgerWriteError(RuntimeError):
     def __init__(self, message: str, spilled_to: str | None):
         super().__init__(message)
         self.spilled_to = spilled_to
+
+
+class LedgerDeadLettered(LedgerWriteError, ValueError):
+    """The record can never be written to the store (it fails :meth:`LedgerRecord.validate`, or the store refused it
+    while it took the rest of its batch): it was appended to the dead-letter file ``spilled_to`` with ``reason``
+    (``None`` if even that failed) and is not retried. Also a ``ValueError``: the record, not the store, is at fault."""
+
+    def __init__(self, message: str, spilled_to: str | None, reason: str):
+        super().__init__(message, spilled_to)
+        self.reason = reason
 
 
 def utc_day(ts: float) -> str:
@@ -79,7 +90,7 @@ class LedgerRecord:
     cost_pico_usd: int = 0  # usage x the provider's prices (settings price_*), pico-dollars; 0 without prices
 
     def __post_init__(self) -> None:
-        self.validate()
+        self._check_shape()
 
     @property
     def usage_tokens(self) -> int:
@@ -89,7 +100,27 @@ class LedgerRecord:
         return billed_prompt_tokens(self.prompt_tokens, self.engine_prompt_tokens) + self.completion_tokens
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad field (also run by the stores before writing)."""
+        """Raise ``ValueError`` naming the first bad field (run by the writer and the stores before writing).
+
+        Construction checks the types and ranges (:meth:`_check_shape`: a record of the wrong shape is a bug);
+        ``validate`` also refuses strings no store can hold -- lone surrogates (not UTF-8 encodable, e.g. a
+        ``"\\ud800"`` JSON escape in a client's ``model``) and NUL characters -- so a record built from such a
+        request still exists and the writer can set it aside (its dead letter) instead of failing its batch."""
+        self._check_shape()
+        for name in _STR_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if "\x00" in value:
+                raise ValueError(f"LedgerRecord.{name} must not contain NUL characters, got {value!r}")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"LedgerRecord.{name} must be valid Unicode text (UTF-8 encodable), got {value!r}: "
+                                 f"{exc.reason} at {exc.start}") from None
+
+    def _check_shape(self) -> None:
+        """Types and ranges: ``ValueError`` naming the first bad field."""
         for name in ("request_id", "instance_id", "model", "endpoint"):
             value = getattr(self, name)
             if not isinstance(value, str) or (name == "request_id" and not value):

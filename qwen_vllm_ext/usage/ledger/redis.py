@@ -23,8 +23,14 @@ class RedisLedgerStore(Reports):
         import redis
 
         self.url, self.prefix, self.default_spill_dir = url, prefix, None
+        # Conditions of the server that pass (a replica promoted, memory freed): retried, then spilled and replayed
+        # -- never taken for a fault of the record (LedgerWriter dead-letters records a working store refuses).
+        passing = tuple(getattr(redis.exceptions, name) for name in ("ReadOnlyError", "OutOfMemoryError",
+                                                                     "MasterDownError", "TryAgainError")
+                        if hasattr(redis.exceptions, name))
         self.transient_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                                 redis.exceptions.BusyLoadingError, OSError)
+                                 redis.exceptions.BusyLoadingError, OSError, *passing)
+        self.record_errors = (redis.exceptions.DataError,)  # the record cannot be sent (LedgerWriter: dead letter)
         # Retries are the LedgerWriter's job (with backoff and spill): the client itself tries once.
         self._r = connect(url, LedgerUnavailable, "ledger", socket_timeout_s)
         self._script = self._r.register_script(_LUA)

@@ -65,6 +65,9 @@ class SqliteLedgerStore(Reports):
     """The embedded ledger: one SQLite file, safe with several processes (each opens its own store)."""
 
     transient_errors: tuple[type[BaseException], ...] = (sqlite3.OperationalError, OSError)
+    # SQLite refuses the record itself (a value it cannot bind or store): LedgerWriter dead-letters it.
+    record_errors: tuple[type[BaseException], ...] = (sqlite3.InterfaceError, sqlite3.DataError,
+                                                      sqlite3.IntegrityError)
 
     def __init__(self, path: str, busy_timeout_s: float = 30.0):
         self.path = self.url = os.path.abspath(path)
