@@ -69,8 +69,10 @@ def test_a_well_configured_server_passes_every_check(doctor_servers):
             key = c.post("/qwen_ext/admin/keys", headers={"Authorization": f"Bearer {ADMIN}"},
                          json={"name": "doctor", "rpm": 1000, "tpm": 1_000_000}).json()["key"]
         code, checks = doctor(server, "--api-key", key, "--admin-key", ADMIN)
+        # the admin key from the environment (not a flag, which shows in `ps`): the health route's details with it
         text = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.doctor", "--url", server.base_url, "--api-key",
-                               key], capture_output=True, text=True, timeout=600).stdout
+                               key], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "QWEN_VLLM_EXT_ADMIN_KEY": ADMIN}).stdout
     finally:
         server.stop()
     assert code == 0 and not_passing(checks) == [], not_passing(checks)

@@ -457,8 +457,12 @@ FUZZ_PER_FIELD = None if os.environ.get("QWEN_VLLM_EXT_FUZZ_PER_FIELD") == "all"
     os.environ.get("QWEN_VLLM_EXT_FUZZ_PER_FIELD", "3"))
 """Hostile values per request field in the abuse suite (``all``: every value of tests/hostile.py, ~5,000 requests)."""
 
+FLOOD = int(os.environ.get("QWEN_VLLM_EXT_ABUSE_FLOOD", "4000"))
+"""Hostile requests in the abuse suite's flood (the default keeps it to ~15 s; 10,000: ~38 s here)."""
+
+
 def test_abuse_suite_keeps_the_server_healthy_the_ledger_exact_and_metrics_bounded(gw):
-    """10,000 hostile requests (distinct model names from a scoped and an unscoped key, keyless requests with
+    """FLOOD hostile requests (distinct model names from a scoped and an unscoped key, keyless requests with
     client-chosen ids, the probe's lone-surrogate model) and every request field, header and admin field set to
     hostile values: each ends in a 4xx or a 200, never a 5xx; the server stays healthy; /metrics stays parseable and
     under 1 MB with no client string as a label; no record carries a client's model name or an unauthenticated
@@ -503,11 +507,11 @@ def test_abuse_suite_keeps_the_server_healthy_the_ledger_exact_and_metrics_bound
                         r = await client.post("/v1/chat/completions", headers=headers, content=body)
                 return kind, r.status_code, r.json()["error"]["code"]
 
-            return await asyncio.gather(*(one(i) for i in range(10_000)))
+            return await asyncio.gather(*(one(i) for i in range(FLOOD)))
 
     races: list[int] = []
     outcomes = asyncio.run(flood())
-    assert len(races) <= 10, f"{len(races)} of 10,000 requests lost their connection"
+    assert len(races) <= max(10, FLOOD // 1000), f"{len(races)} of {FLOOD} requests lost their connection"
     flood_s = time.time() - started
     fuzz_started = time.monotonic()
     expected = {0: (403, "model_not_allowed"), 2: (401, "invalid_api_key"), 3: (400, "invalid_value")}
@@ -570,7 +574,7 @@ def test_abuse_suite_keeps_the_server_healthy_the_ledger_exact_and_metrics_bound
     proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.usage", "reconcile", "--url", server.base_url],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "QWEN_VLLM_EXT_ADMIN_KEY": ADMIN})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    print(f"abuse suite: 10,000 hostile requests in {flood_s:.1f} s, {len(statuses)} fuzzed fields in "
+    print(f"abuse suite: {FLOOD} hostile requests in {flood_s:.1f} s, {len(statuses)} fuzzed fields in "
           f"{time.monotonic() - fuzz_started:.1f} s, "
           f"/metrics {len(metrics.content)} bytes")
 
