@@ -28,7 +28,7 @@ from pathlib import Path
 from .common.assets import cache_home
 
 DEMO_NAME = "qwen3-tiny-demo"
-DEMO_REVISION = 3  # bump when the files below change: a new cache entry is built
+DEMO_REVISION = 4  # bump when the files below change: a new cache entry is built (4: the official Qwen3.5/3.6 merges)
 SERVED_NAME = "qwen3-demo"
 
 CONFIG = {

@@ -1284,8 +1284,13 @@ cdef class Engine:
         return e
 
     cdef int _derive_merges(self) except -1:
-        """For every token (rank order), the last pair that rank-restricted byte-pair merging yields."""
-        cdef int32_t t, r, best, bi, nparts, k, a, b
+        """For every token (rank order), its merge as the official Qwen files have it: byte-pair merging of its bytes
+        with NO rank cap (the adjacent pair whose concatenation has the lowest rank anywhere in the vocabulary, until
+        nothing merges); when that ends in the token itself, the pair joined at the last step is its merge, else it
+        has none. Capping the ranks below the token gives the same Qwen3 merges but misses 31 Qwen3.5/3.6 ones
+        (人力资源, является, ...: pieces that rank above the result); this rule reproduces both official files
+        byte for byte (``hf_export`` writes them; tests check their sha256)."""
+        cdef int32_t t, r, best, bi, nparts, k, a, b, last_a, last_b
         cdef Py_ssize_t n
         cdef int32_t* starts = <int32_t*> malloc(4098 * sizeof(int32_t))
         cdef int32_t* pr = <int32_t*> malloc(4098 * sizeof(int32_t))
@@ -1306,8 +1311,9 @@ cdef class Engine:
                     starts[k] = k
                 for k in range(n - 1):
                     r = self._vlookup(p + k, 2)
-                    pr[k] = r if 0 <= r < t else INT32_MAX
-                while nparts > 2:
+                    pr[k] = r if r >= 0 else INT32_MAX
+                last_a = last_b = -1
+                while nparts > 1:
                     best = INT32_MAX
                     bi = -1
                     for k in range(nparts - 1):
@@ -1316,24 +1322,23 @@ cdef class Engine:
                             bi = k
                     if bi < 0:
                         break
+                    last_a = self._vlookup(p + starts[bi], starts[bi + 1] - starts[bi])
+                    last_b = self._vlookup(p + starts[bi + 1], starts[bi + 2] - starts[bi + 1])
                     memmove(starts + bi + 1, starts + bi + 2, (nparts - bi - 1) * sizeof(int32_t))
                     if nparts - bi - 2 > 0:
                         memmove(pr + bi + 1, pr + bi + 2, (nparts - bi - 2) * sizeof(int32_t))
                     nparts -= 1
                     if bi + 1 < nparts:
                         r = self._vlookup(p + starts[bi], starts[bi + 2] - starts[bi])
-                        pr[bi] = r if 0 <= r < t else INT32_MAX
+                        pr[bi] = r if r >= 0 else INT32_MAX
                     if bi > 0:
                         r = self._vlookup(p + starts[bi - 1], starts[bi + 1] - starts[bi - 1])
-                        pr[bi - 1] = r if 0 <= r < t else INT32_MAX
-                if nparts != 2:
-                    # As in HF's exporter: no merge for it, so BPE never produces it (the Qwen3.5/3.6 ranks
-                    # hold such tokens; the Qwen3 ranks none).
+                        pr[bi - 1] = r if r >= 0 else INT32_MAX
+                if nparts != 1:
+                    # No merge for it, so BPE never produces it (201 of the Qwen3.5/3.6 ranks; none of Qwen3's).
                     self.unmerged += 1
                     continue
-                a = self._vlookup(p, starts[1])
-                b = self._vlookup(p + starts[1], n - starts[1])
-                self._pinsert(a, b, t, t)
+                self._pinsert(last_a, last_b, t, t)
         finally:
             free(starts)
             free(pr)

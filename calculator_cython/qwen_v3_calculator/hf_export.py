@@ -4,8 +4,9 @@
 ``tokenizer_config.json`` for Qwen3, Qwen2.5 or Qwen3.5/3.6 (flavor ``qwen3.6``). For Qwen2/2.5/3 the first three
 are byte-identical to the official files (vocab.json and merges.txt are shared by Qwen2/2.5/3; tokenizer.json is
 checked against Qwen3's). The merge list is not stored: each token's merge is re-derived from the rank order
-(``derive_merges``); a token no merge of two lower ranks makes gets none (the Qwen3.5/3.6 ranks hold such tokens,
-see docs/calculator.md), so BPE never produces it, here as in the calculator.
+(``derive_merges``, the rule that rebuilds the official merges of both vocabularies byte for byte: for Qwen3.5/3.6
+``merges.txt`` is the official file too, sha256-checked in the tests); a token the rule gives no merge (201 of the
+Qwen3.5/3.6 ranks) is never produced by BPE, here as in the calculator.
 
 CLI: ``python -m qwen_v3_calculator.hf_export --flavor qwen3 --output DIR --chat-template FILE``.
 """
@@ -43,39 +44,51 @@ def vocab_from_ranks(ranks: dict[bytes, int]) -> dict[str, int]:
     return {_to_unicode(tok): r for tok, r in sorted(ranks.items(), key=lambda kv: kv[1])}
 
 
-def _merge_below(token: bytes, ranks: dict[bytes, int], max_rank: int) -> list[bytes]:
-    """Byte-pair merging of ``token`` allowing only merges into tokens of rank < ``max_rank`` (tiktoken's
-    ``_byte_pair_merge``: repeatedly merge the adjacent pair whose merged bytes have the lowest rank)."""
+def _merge_path(token: bytes, ranks: dict[bytes, int]) -> tuple[list[bytes], tuple[bytes, bytes] | None]:
+    """Byte-pair merging of ``token`` with no rank cap (tiktoken's ``_byte_pair_merge``: repeatedly merge the adjacent
+    pair whose merged bytes have the lowest rank in the whole vocabulary, until nothing merges): the final parts and
+    the pair joined at the last step (None when nothing merged)."""
     parts = [token[i:i + 1] for i in range(len(token))]
+    last = None
     while len(parts) > 1:
-        best, best_i = max_rank, -1
+        best, best_i = None, -1
         for i in range(len(parts) - 1):
             r = ranks.get(parts[i] + parts[i + 1])
-            if r is not None and r < best:
+            if r is not None and (best is None or r < best):
                 best, best_i = r, i
         if best_i < 0:
             break
+        last = (parts[best_i], parts[best_i + 1])
         parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
-    return parts
+    return parts, last
 
 
 def derive_merges(ranks: dict[bytes, int], unmerged: list | None = None) -> list[tuple[str, str]]:
-    """Merge list in rank order: for every token of >= 2 bytes, the last pair BPE forms it from.
+    """The official merge list, in rank order: for every token of >= 2 bytes, byte-pair merging of its bytes with no
+    rank cap (:func:`_merge_path`); when that ends in the token itself, the pair joined at the last step is its merge,
+    else it has none (appended to ``unmerged`` as ``(rank, token bytes)`` when a list is given; BPE never produces it).
 
-    Merging the token's bytes with only lower ranks allowed must end in exactly two parts; a token where it does
-    not gets no merge (appended to ``unmerged`` as ``(rank, token bytes)`` when a list is given).
+    This rebuilds both official files byte for byte (Qwen2/2.5/3: 151,387 merges; Qwen3.5/3.6: 247,587, 201 tokens
+    without a merge). Capping the ranks below the token, the obvious derivation, gives the same Qwen3 file but misses
+    31 Qwen3.5/3.6 merges whose pieces rank above the result (common words: 人力资源, является, المصري, ...).
     """
     merges = []
     for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(tok) < 2:
             continue
-        parts = _merge_below(tok, ranks, rank)
-        if len(parts) != 2:
+        parts, last = _merge_path(tok, ranks)
+        if len(parts) != 1 or last is None:
             if unmerged is not None:
                 unmerged.append((rank, tok))
             continue
-        merges.append((_to_unicode(parts[0]), _to_unicode(parts[1])))
+        merges.append((_to_unicode(last[0]), _to_unicode(last[1])))
     return merges
+
+
+def merges_text(merges: list[tuple[str, str]], header: bool) -> str:
+    """``merges.txt`` as the official files are: ``left right`` lines, a newline after the last; Qwen2/2.5/3's file
+    starts with ``#version: 0.2``, Qwen3.5/3.6's has no header."""
+    return ("#version: 0.2\n" if header else "") + "".join(f"{a} {b}\n" for a, b in merges)
 
 
 def _added_tokens(flavor: str) -> list[tuple[int, str, bool]]:
@@ -142,7 +155,7 @@ def write_tokenizer_files(out_dir, flavor: str, chat_template: str) -> list[Path
     tokenizer = _tokenizer_json(vocab, merges, added, SPLIT_RULES[vocabulary.split_rule], vocabulary.normalizer)
     contents = {
         "vocab.json": json.dumps(vocab, ensure_ascii=False, separators=(",", ":")),
-        "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
+        "merges.txt": merges_text(merges, header=vocabulary.name == "qwen3"),
         "tokenizer.json": json.dumps(tokenizer, ensure_ascii=False, indent=2),
         "tokenizer_config.json": json.dumps(_tokenizer_config(added, chat_template, vocabulary.model_max_length,
                                                               vocabulary.tokenizer_class),

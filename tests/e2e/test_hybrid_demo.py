@@ -174,6 +174,20 @@ def test_count_endpoint_and_gateway_count_equal_the_engine(hybrid):
         engine = r.json()["usage"]["prompt_tokens"]
         assert int(r.headers["x-qwen-prompt-tokens"]) == engine == count_chat(marks, model="qwen3.6",
                                                                               template="qwen3.5-reuse")
+    # the official merges (issue 46): words a rank-capped merge list missed, in Russian, Chinese, Arabic, Indonesian;
+    # the engine's own tokenizer (the demo's tokenizer.json), the count endpoint, the gateway and the calculator agree
+    from qwen_v3_calculator import count_tokens
+
+    for text, official in (("Это является важным вопросом, и они являются экспертами.", 11),
+                           ("人力资源和社会保障部发布通知，人力资源市场稳定。", 9),
+                           ("قال المصري إن نسبة البطالة أخرى، والمصدر مقتل وهناك", 12),
+                           ("Kami akan melanjutkan diskusi; anjutkan", 8)):
+        with client(server, key) as c:
+            ids = c.post("/tokenize", json={"model": MODEL, "prompt": text, "add_special_tokens": False}).json()
+            assert ids["count"] == official == count_tokens(text, model="qwen3.6"), (text, ids)
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": text, "max_tokens": 1})
+            assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == official, r.text
+            assert int(r.headers["x-qwen-prompt-tokens"]) == official
 
 
 def test_field_coverage_admission_count_equals_engine_count(hybrid):

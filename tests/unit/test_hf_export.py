@@ -76,6 +76,17 @@ def test_chatml_encoding(qwen3_dir):
 def test_derive_merges_pure():
     ranks = {b"a": 0, b"b": 1, b"c": 2, b"ab": 3, b"abc": 4, b"bc": 5}
     assert hf_export.derive_merges(ranks) == [("a", "b"), ("ab", "c"), ("b", "c")]
+    # no rank cap: "abc" (rank 3) is reached through "ab" (rank 4), which ranks above it -- the official rule
+    ranks = {b"a": 0, b"b": 1, b"c": 2, b"abc": 3, b"ab": 4, b"cd": 5, b"d": 6}
+    unmerged = []
+    assert hf_export.derive_merges(ranks, unmerged) == [("ab", "c"), ("a", "b"), ("c", "d")]
+    assert unmerged == []
+    ranks = {b"a": 0, b"b": 1, b"c": 2, b"ab": 3, b"bc": 4, b"abc": 5, b"x": 6, b"xbc": 7}
+    unmerged = []
+    merges = hf_export.derive_merges(ranks, unmerged)  # "xbc": x + bc would do, but b+c -> "bc" then x+"bc"
+    assert ("x", "bc") in merges and unmerged == []
+    assert hf_export.merges_text([("a", "b")], header=True) == "#version: 0.2\na b\n"
+    assert hf_export.merges_text([("a", "b")], header=False) == "a b\n"
     assert hf_export.vocab_from_ranks({b" ": 1, b"\n": 0}) == {"Ċ": 0, "Ġ": 1}
 
 

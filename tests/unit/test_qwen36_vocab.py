@@ -38,16 +38,65 @@ def test_ranks_reproduce_the_official_vocab_json():
     assert (len(blob), hashlib.sha256(blob).hexdigest()) == OFFICIAL_VOCAB_JSON
 
 
-def test_derived_merges_and_the_official_merges_file(qwen36_tokenizer_dir):
-    """The official merges.txt could not be found in any public copy (only its size and hash): the derived one is
-    recorded here as what it is -- 232 tokens get no merge, and the official file is 837 bytes longer."""
+def test_the_merges_are_the_official_file_byte_for_byte(qwen36_tokenizer_dir):
+    """The official Qwen3.5/3.6 merges.txt is a function of the ranks (hf_export.derive_merges: BPE of each token's
+    bytes with no rank cap, its last pair): 247,587 merges, 201 tokens without one, no header -- its size and sha256."""
     unmerged = []
     merges = hf_export.derive_merges(vocab.vocabulary_ranks("qwen3.6"), unmerged)
-    assert len(merges) == 247_556 and len(unmerged) == 232
+    assert len(merges) == 247_587 and len(unmerged) == 201
     assert len(merges) + len(unmerged) == 248_044 - 256
     ours = (qwen36_tokenizer_dir / "merges.txt").read_bytes()
-    assert len(ours) == OFFICIAL_MERGES_TXT[0] - 837
-    assert hashlib.sha256(ours).hexdigest() != OFFICIAL_MERGES_TXT[1]
+    assert (len(ours), hashlib.sha256(ours).hexdigest()) == OFFICIAL_MERGES_TXT
+    assert not ours.startswith(b"#version") and ours.endswith(b"\n")
+    tokenizer = json.loads((qwen36_tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    assert [" ".join(m) for m in tokenizer["model"]["merges"]] == ours.decode("utf-8").splitlines()
+
+
+def test_a_rank_capped_derivation_would_miss_31_merges():
+    """The obvious derivation (merging only into tokens of lower rank, as hf_export did before) leaves 31 more tokens
+    without a merge than the official file: tokens whose pieces rank above them, common words among them. The
+    calculator produces them now."""
+    ranks = vocab.vocabulary_ranks("qwen3.6")
+
+    def capped_merges(tok, rank):
+        parts = [tok[i:i + 1] for i in range(len(tok))]
+        while len(parts) > 2:
+            found = [(ranks[parts[i] + parts[i + 1]], i) for i in range(len(parts) - 1)
+                     if ranks.get(parts[i] + parts[i + 1], rank) < rank]
+            if not found:
+                break
+            parts[min(found)[1]:min(found)[1] + 2] = [b"".join(parts[min(found)[1]:min(found)[1] + 2])]
+        return len(parts) == 2
+
+    unmerged = []
+    hf_export.derive_merges(ranks, unmerged)
+    official_none = {tok for _, tok in unmerged}
+    missed = [tok for tok, rank in ranks.items()
+              if len(tok) > 1 and tok not in official_none and not capped_merges(tok, rank)]
+    assert len(missed) == 31
+    words = {t.decode("utf-8", "replace") for t in missed}
+    assert {"人力资源", " является", " المصري"} & words, sorted(words)
+    for tok in missed:
+        text = tok.decode("utf-8", "strict") if tok.decode("utf-8", "replace") == tok.decode("utf-8", "ignore") else None
+        if text:
+            assert q.encode(text, model="qwen3.6") == [ranks[tok]], text
+
+
+@pytest.mark.parametrize("text,official", [
+    ("Это является важным вопросом, и они являются экспертами.", 11),
+    ("人力资源和社会保障部发布通知，人力资源市场稳定。", 9),
+    ("قال المصري إن نسبة البطالة أخرى، والمصدر مقتل وهناك", 12),
+    ("Kami akan melanjutkan diskusi; anjutkan", 8),
+])
+def test_the_31_merges_count_like_the_official_tokenizer(qwen36_tokenizer_dir, text, official):
+    """The issue's table: these texts were counted 15, 12, 17 and 10 with the capped merges; HF tokenizers with the
+    official file gives the figures on the right, and so does the calculator."""
+    import tokenizers
+
+    ref = tokenizers.Tokenizer.from_file(str(qwen36_tokenizer_dir / "tokenizer.json"))
+    assert len(ref.encode(text).ids) == official
+    assert q.encode(text, model="qwen3.6") == ref.encode(text).ids
+    assert q.count_tokens(text, model="qwen3.6") == official
 
 
 def test_package_documented_example_and_added_tokens():
