@@ -27,9 +27,14 @@ _CONVERSATIONS = [
          "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
      {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"}],
     [{"role": "user", "content": "写一首关于春天的短诗。"}],
+    # words the official Qwen3.5/3.6 merges join and a rank-capped merge list did not (issue 46)
+    [{"role": "user", "content": "Это является важным вопросом, и они являются экспертами."}],
+    [{"role": "system", "content": "人力资源和社会保障部发布通知。"},
+     {"role": "user", "content": "قال المصري إن نسبة البطالة أخرى، Kami akan melanjutkan diskusi."}],
 ]
 _CONTINUABLE = [{"role": "user", "content": "Count to five."}, {"role": "assistant", "content": "one two"}]
-_PROMPTS = ["hi", "def fib(n):", "The quick brown fox", "数字 12345 和 emoji 🙂", " leading space\nnew line"]
+_PROMPTS = ["hi", "def fib(n):", "The quick brown fox", "数字 12345 和 emoji 🙂", " leading space\nnew line",
+            "人力资源市场稳定。", "Они являются экспертами", "المصري نسبة أخرى"]
 
 
 def _maybe(rng: random.Random, p: float = 0.5) -> bool:
