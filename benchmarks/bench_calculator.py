@@ -17,7 +17,9 @@ that every setup of this project installs (below; its sha256 heads every run's o
 Slices, all disjoint (same sources): ``mixed`` (``--size-mb``, a third each of zh, en and code documents where
 the sources hold enough -- zh does not, see below -- shuffled), ``zh``, ``en``, ``code`` (a third of ``--size-mb``
 each; documents of 1-16 KB cut at line boundaries) and ``chat`` (short messages <= 300 characters from held-out
-text, one call per message, reported as calls/s).
+text, one call per message, reported as calls/s), then the generated language slices ``ru``, ``ar``, ``th``, ``hi``,
+``ja``, ``ko``, ``id``, ``el``, ``vi``, ``he`` (documents, ~``--size-mb``/40 each, >= 40 kB) and ``mixchat`` (mixed-language
+messages <= 300 characters), seeded word-list text from ``calculator_bench/languages.py`` with their own sha256.
 Each implementation runs in a fresh subprocess: load, a warm-up over held-out text, then for each slice in that
 order a timed first pass (the headline figures: text this process has not seen, so no cache has seen it either;
 caches do hold what earlier slices left, as in a long-running gateway) and a repeat pass ("warm": caches have
@@ -75,8 +77,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # calculator_bench/, also when imported as a module
 
 # (some names only for the unit tests, which read them as ``bench.X``: tests/unit/test_bench_*.py)
-from calculator_bench.common import (BATCH_DOCS, HEADLINE, IMPLS, RESULTS, ROOT, SEED, SLICES,  # noqa: E402,F401
-                                     TARGETS)
+from calculator_bench.common import (BATCH_DOCS, HEADLINE, IMPLS, LANG_SLICES, RESULTS, ROOT, SEED,  # noqa: E402,F401
+                                     SLICES, TARGETS)
 from calculator_bench.corpus import (CORPUS_TXT_REL, PINNED, RECIPE, RECORDED_SHA256, REFS_PINNED,  # noqa: E402,F401
                                      CorpusMismatch, _find_dist, build_corpus, corpus_banner, corpus_recipe,
                                      corpus_sha256)

@@ -166,6 +166,17 @@ PATCHES = [
             "connection_guard", "idle connections time out and the open connections stay below the open-file "
             "limit (setting connection_guard)."))],
     },
+    {
+        "name": "cpu-seeded-sampling",
+        "subject": "qwen-vllm-ext: a seeded request prefilled in chunks does not kill the CPU engine",
+        "body": "CPUModelRunner saves the generator state of the rows whose sampled token is discarded (a\n"
+                "prefill split across steps) and restores it after sampling, instead of the offset rewind a\n"
+                "CPU torch.Generator does not support (RuntimeError, EngineDeadError; setting\n"
+                "cpu_seeded_sampling).\n",
+        "edits": [("vllm/v1/worker/cpu_model_runner.py", APPEND, _module_hook(
+            "cpu_seeded_sampling", "a seeded request prefilled in chunks keeps its sampling stream on the CPU "
+            "(setting cpu_seeded_sampling)."))],
+    },
 ]
 
 GIT_ENV = {

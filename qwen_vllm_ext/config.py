@@ -187,6 +187,11 @@ class Settings:
     idle_sleep_s: float = 0.0
     """Put the engine to sleep (vLLM sleep mode, GPU only) after this many idle seconds; the next request wakes it (0 = off)."""
 
+    cpu_seeded_sampling: bool = True
+    """On the CPU build, a seeded request (``seed``) prefilled in chunks keeps its sampling stream instead of killing
+    the engine (vLLM 0.32 rewinds its generator with an offset a CPU generator does not have: ``EngineDeadError``);
+    runtime patch of the CPU model runner (``qwen_vllm_ext/sampling/cpu_seeds.py``). false = vLLM's stock behaviour."""
+
     # ---- connections (API server; qwen_vllm_ext/gateway/connections.py) ------------------------
     connection_guard: bool = True
     """Protect the API server's sockets from idle and half-open connections (runtime patch of vLLM's uvicorn server):

@@ -197,8 +197,11 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     block_size = user_ns.block_size if "block_size" in given else profile.vllm.get("block-size")
     final += family.parser_flags(fam, given) + family.hybrid_flags(fam, given, prefix_caching, block_size)
     final += kv_flags(settings, profile, model, given, print_only=ours.print_command, announce=export)
-    if settings.openrouter and "enable_prompt_tokens_details" not in given:
-        final.append("--enable-prompt-tokens-details")  # cached_tokens in every usage, as the aggregator bills them
+    if (settings.openrouter or (settings.per_chunk_usage and settings.enabled)) \
+            and "enable_prompt_tokens_details" not in given:
+        # cached_tokens in every usage, as OpenRouter reports them (the per_chunk_usage patch completes chat and
+        # completions itself; the flag covers vLLM's other endpoints); --no-enable-prompt-tokens-details wins
+        final.append("--enable-prompt-tokens-details")
     args = parser.parse_args(final)
     if args.model_tag is not None:
         args.model = args.model_tag

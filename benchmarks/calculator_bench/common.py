@@ -10,7 +10,10 @@ SCRIPT = os.path.join(HERE, "bench_calculator.py")  # the command; its --_worker
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 SEED = 20250611
-SLICES = ("mixed", "zh", "en", "code", "chat")
+BASE_SLICES = ("mixed", "zh", "en", "code", "chat")  # from package data; corpus_sha256 covers these
+# generated text in the languages users send (languages.py), timed after the base slices; own sha256
+LANG_SLICES = ("ru", "ar", "th", "hi", "ja", "ko", "id", "el", "vi", "he", "mixchat")
+SLICES = BASE_SLICES + LANG_SLICES
 TEXT_SLICES = ("zh", "en", "code")
 HEADLINE = "ours.count_tokens"
 IMPLS = ("ours.count_tokens", "ours.Tokenizer.count", "ours.count_batch", "ours.encode",

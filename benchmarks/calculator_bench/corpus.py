@@ -15,7 +15,8 @@ import time
 import zlib
 from typing import NamedTuple
 
-from .common import CJK_RE, ROOT, SEED, SLICES, TEXT_SLICES
+from .common import BASE_SLICES, CJK_RE, LANG_SLICES, ROOT, SEED, SLICES, TEXT_SLICES
+from .languages import language_slices
 
 
 RECIPE = "pinned-v1"  # bump when the recipe below changes: the corpus and its sha256 change with it
@@ -408,11 +409,12 @@ def _makeup(items) -> dict:
                     "example_origins": sorted(v["files"])[:3]} for label, v in sorted(src.items())}
 
 
-def corpus_sha256(slices: dict[str, list[str]], warmup: list[str]) -> str:
+def corpus_sha256(slices: dict[str, list[str]], warmup: list[str], names=BASE_SLICES + ("warmup",)) -> str:
     """sha256 over the exact documents, in order: for each of mixed, zh, en, code, chat, warmup the line
-    "<name>\\n<count>\\n", then per document "<UTF-8 length>\\n" and its UTF-8 bytes."""
+    "<name>\\n<count>\\n", then per document "<UTF-8 length>\\n" and its UTF-8 bytes. The language slices
+    (generated, not from package data) have their own: ``names=LANG_SLICES`` (``languages_sha256``)."""
     h = hashlib.sha256()
-    for name in (*SLICES, "warmup"):
+    for name in names:
         docs = warmup if name == "warmup" else slices[name]
         h.update(f"{name}\n{len(docs)}\n".encode())
         for d in docs:
@@ -497,6 +499,10 @@ def build_corpus(size_mb: float, n_chat: int, seed: int = SEED, strict: bool = F
     random.Random(rng.random()).shuffle(mixed)
     slices["mixed"], origins["mixed"] = [it[2] for it in mixed], [it[1] for it in mixed]
     slices["chat"], origins["chat"] = [m for _, _, m in chat], [o for _, o, _ in chat]
+    # generated language slices (languages.py): ~size_mb/40 per language (>= 40 kB), n_chat/10 mixchat messages
+    langs = language_slices(max(40_000, int(size_mb * 25_000)), seed, max(300, n_chat // 10))
+    for name in LANG_SLICES:
+        slices[name], origins[name] = langs[name], [f"generated:{name}"] * len(langs[name])
     stats = {}
     for name in SLICES:
         docs = slices[name]
@@ -525,7 +531,9 @@ def build_corpus(size_mb: float, n_chat: int, seed: int = SEED, strict: bool = F
     return {"slices": slices, "warmup": warmup, "stats": stats, "makeup": makeup, "notes": notes, "seed": seed,
             "recipe": RECIPE, "size_mb": size_mb, "n_chat": n_chat, "versions": recipe["versions"],
             "pinned": recipe["pinned"], "warnings": warnings_, "origins": origins, "files": sorted(state["files"]),
-            "sha256": corpus_sha256(slices, warmup), "build_s": round(time.perf_counter() - t0, 2)}
+            "sha256": corpus_sha256(slices, warmup),
+            "languages_sha256": corpus_sha256(slices, warmup, LANG_SLICES),
+            "build_s": round(time.perf_counter() - t0, 2)}
 
 
 def corpus_banner(corpus: dict) -> str:
@@ -537,5 +545,7 @@ def corpus_banner(corpus: dict) -> str:
     if recorded:
         L[-1] += (" (the recorded hash of the pinned recipe)" if recorded == corpus["sha256"] else
                   f" -- NOT the recorded {recorded[:16]}… of the pinned recipe for these settings")
+    if corpus.get("languages_sha256"):
+        L.append(f"language slices ({', '.join(LANG_SLICES)}; generated, seeded) sha256 {corpus['languages_sha256']}")
     L += [f"WARNING: {w}" for w in corpus["warnings"]]
     return "\n".join(L)

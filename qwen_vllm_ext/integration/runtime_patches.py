@@ -51,9 +51,17 @@ def _connection_guard() -> RuntimePatch:
                         vllm_connections.PATCH_TARGETS, "connection_guard")
 
 
+def _cpu_seeded_sampling() -> RuntimePatch:
+    from ..sampling import cpu_seeds
+
+    # the CPU model runner, in the workers (and the engine core when it runs the model itself)
+    return RuntimePatch("cpu_seeded_sampling", cpu_seeds.install, {"worker", "engine_core"}, cpu_seeds.PATCH_TARGETS,
+                        "cpu_seeded_sampling")
+
+
 _BUILDERS = {"usage_accounting": _usage_accounting, "per_chunk_usage": _per_chunk_usage,
              "token_weighted_scheduler": _token_weighted_scheduler, "turn_checkpoints": _turn_checkpoints,
-             "connection_guard": _connection_guard}
+             "connection_guard": _connection_guard, "cpu_seeded_sampling": _cpu_seeded_sampling}
 
 
 def runtime_patch(name: str) -> RuntimePatch:

@@ -9,17 +9,21 @@ With the ``per_chunk_usage`` setting on (default):
   and ``billing``: the billed figures of the calculator's billing policy (exact decimal strings);
 * where vLLM reports ``completion_tokens_details.reasoning_tokens`` (a reasoning parser is on), chat chunks carry
   the exact count of the tokens generated so far inside the reasoning block (``accounting.ReasoningCounter`` over
-  the engine's ids); vLLM's own streaming count lags by the tokens its detokenizer holds back.
+  the engine's ids); vLLM's own streaming count lags by the tokens its detokenizer holds back;
+* non-streamed responses get the same complete usage (:func:`complete_usage`): ``prompt_tokens_details.cached_tokens``
+  (vLLM reports it only with ``--enable-prompt-tokens-details``), the exact reasoning count where vLLM reports one,
+  ``billing`` and, with prices, ``cost`` -- the figures the ledger records for the request.
 
-Touches vLLM only through the two serving classes' stream generators and their ``should_include_usage`` name
-(``vllm/entrypoints/openai/{chat_completion,completion}/serving.py``).
+Touches vLLM only through the two serving classes' stream generators, the chat full generator, the completion
+response builder and their ``should_include_usage`` name (``vllm/entrypoints/openai/{chat_completion,completion}/
+serving.py``).
 """
 from __future__ import annotations
 
 import functools
 import json
 
-from .accounting import ReasoningCounter
+from .accounting import ReasoningCounter, reasoning_tokens
 from .engine_hooks import think_markers
 
 _MARK = "_qwen_vllm_ext_stream_usage"
@@ -29,6 +33,8 @@ PATCH_TARGETS = {
     "vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat.chat_completion_stream_generator": {"0.32.0": "aff6652969097f9c", "0.33.0": "ae89ab49f58f544b"},
     "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion.completion_stream_generator": {"0.32.0": "09ad938f288e54d4", "0.33.0": "ad393d90bf444436"},
     "vllm.entrypoints.serve.utils.api_utils:should_include_usage": {"0.32.0": "257382ff14c5facc", "0.33.0": "257382ff14c5facc"},
+    "vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat.chat_completion_full_generator": {"0.32.0": "6414f713dd70c371", "0.33.0": "82154a8702e14aac"},
+    "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion.request_output_to_completion_response": {"0.32.0": "f1e8fce4adbb59c1", "0.33.0": "cede0912591495e4"},
 }
 
 
@@ -52,6 +58,32 @@ def add_cost(usage: dict, policy, prices) -> None:
     usage["billing"] = billing_fields(policy, usage, prices)
     if prices is not None:
         usage["cost"] = float(usage["billing"]["cost_usd"])
+
+
+def complete_usage(usage, cached_tokens, reasoning, policy, prices=None, details_cls=None) -> None:
+    """Complete a non-streamed response's usage object (vLLM's ``UsageInfo``) in place, as the streamed chunks are.
+
+    ``cached_tokens`` (int or None: leave as is) becomes ``prompt_tokens_details.cached_tokens`` (never more than the
+    prompt; ``details_cls()`` builds the details object where vLLM left it None); ``reasoning`` (int or None)
+    replaces vLLM's count where it reports one (a reasoning parser is on); with a policy, ``billing`` and, with
+    prices, ``cost``.
+    """
+    prompt = usage.prompt_tokens or 0
+    if cached_tokens is not None:
+        details = usage.prompt_tokens_details
+        if details is None:
+            details = usage.prompt_tokens_details = details_cls()
+        details.cached_tokens = min(cached_tokens, prompt)
+    if reasoning is not None and usage.completion_tokens_details is not None:
+        usage.completion_tokens_details.reasoning_tokens = reasoning
+    if policy is not None:
+        details = usage.prompt_tokens_details
+        figures = {"prompt_tokens": prompt, "completion_tokens": usage.completion_tokens or 0,
+                   "prompt_tokens_details": {"cached_tokens": getattr(details, "cached_tokens", None)}}
+        add_cost(figures, policy, prices)
+        usage.billing = figures["billing"]
+        if "cost" in figures:
+            usage.cost = figures["cost"]
 
 
 def rewrite_sse(event: str, cached_tokens, policy, reasoning=None, prices=None) -> str:
@@ -164,7 +196,46 @@ def install(settings) -> bool:
         async for event in original_completion(self, request, engine_inputs, tap(), *args, **kwargs):
             yield rewrite_sse(event, cached_for, policy, prices=prices)
 
+    from vllm.entrypoints.serve.engine.protocol import PromptTokenUsageInfo
+
+    original_chat_full = chat_cls.chat_completion_full_generator
+
+    @functools.wraps(original_chat_full)
+    async def chat_full(self, request, result_generator, *args, **kwargs):
+        last = {}
+
+        async def tap():
+            async for res in result_generator:
+                last["res"] = res
+                yield res
+
+        response = await original_chat_full(self, request, tap(), *args, **kwargs)
+        usage, res = getattr(response, "usage", None), last.get("res")
+        if usage is not None and res is not None:
+            reasoning = None
+            if usage.completion_tokens_details is not None:
+                tokenizer = kwargs.get("tokenizer", args[3] if len(args) > 3 else None)
+                markers = think_markers(tokenizer) if tokenizer is not None else (None, None)
+                # non-streamed: each output holds every generated id (as the ledger's engine hook counts them)
+                reasoning = sum(reasoning_tokens(res.prompt_token_ids or (), out.token_ids, *markers)
+                                for out in res.outputs)
+            complete_usage(usage, res.num_cached_tokens or 0, reasoning, policy, prices, PromptTokenUsageInfo)
+        return response
+
+    original_completion_full = completion_cls.request_output_to_completion_response
+
+    @functools.wraps(original_completion_full)
+    def completion_full(self, final_res_batch, *args, **kwargs):
+        response = original_completion_full(self, final_res_batch, *args, **kwargs)
+        usage = getattr(response, "usage", None)
+        if usage is not None:  # every prompt's cache hits (vLLM's own field has the last prompt's only)
+            cached = sum(res.num_cached_tokens or 0 for res in final_res_batch)
+            complete_usage(usage, cached, None, policy, prices, PromptTokenUsageInfo)
+        return response
+
     chat_cls.chat_completion_stream_generator = chat_stream
     completion_cls.completion_stream_generator = completion_stream
+    chat_cls.chat_completion_full_generator = chat_full
+    completion_cls.request_output_to_completion_response = completion_full
     setattr(chat_serving, _MARK, True)
     return True

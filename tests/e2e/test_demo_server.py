@@ -1,5 +1,6 @@
 """E2E: the launcher serves the demo model through real vLLM; the extension is active in every process."""
 import json
+import time
 import urllib.request
 
 from qwen_vllm_ext import __version__
@@ -94,3 +95,37 @@ def test_connection_guard_serves_the_api_server(demo_server):
     assert 0 < guard["cap"] <= guard["fd_limit"] - min(1024, guard["fd_limit"] // 2)
     api = [p for p in health["processes"] if p["role"] == "api_server"]
     assert api and all("connection_guard" in p["patches"] for p in api)
+
+
+def test_a_seeded_prompt_prefilled_in_chunks_keeps_the_engine_alive_and_its_stream(demo_server):
+    """Issue 46: vLLM 0.32 rewinds a discarded row's generator with an offset a CPU generator does not have, so a
+    seeded prompt prefilled in chunks next to decoding requests killed the engine (EngineDeadError,
+    benchmarks/investigations/seed_chunked_prefill.py). With the cpu_seeded_sampling patch it is answered, the engine
+    stays up, and it samples what it samples unchunked (the discarded draws leave its stream where it was)."""
+    import concurrent.futures
+
+    import httpx
+
+    from qwen_vllm_ext.demo import SERVED_NAME
+
+    client = httpx.Client(base_url=demo_server.base_url, timeout=300)
+    prompt = "7 " + "hello " * 4088  # ~4,090 tokens: with 14 requests decoding it cannot fit in one 4,096-token step
+
+    def seeded(salt):
+        return client.post("/v1/completions", json={"model": SERVED_NAME, "prompt": prompt, "max_tokens": 3, "seed": 7,
+                                                    "temperature": 1.0, "cache_salt": salt, "ignore_eos": True})
+
+    def decoding(_):
+        return client.post("/v1/completions", json={"model": SERVED_NAME, "prompt": "hi", "max_tokens": 600,
+                                                    "ignore_eos": True}).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(15) as pool:
+        busy = [pool.submit(decoding, i) for i in range(14)]
+        time.sleep(2.0)  # they are decoding
+        chunked = pool.submit(seeded, "chunked").result()
+        assert [f.result() for f in busy] == [200] * 14
+    assert chunked.status_code == 200, chunked.text
+    assert client.get("/health").status_code == 200
+    alone = seeded("alone")  # another cache salt: prefilled in one step, no request beside it
+    assert alone.status_code == 200
+    assert chunked.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]

@@ -119,6 +119,10 @@ def test_reasoning_tokens_are_exact_on_every_chunk_and_in_the_ledger(hybrid, str
             row = ledger_row(data, rid)
             assert (row["completion_tokens"], row["reasoning_tokens"]) == (len(ids), before)
             assert row["prompt_tokens"] == final["prompt_tokens"]
+            # streamed or not, the response's cached tokens and billing are the record's (issue 46)
+            assert final["prompt_tokens_details"]["cached_tokens"] == row["cached_tokens"]
+            assert round(float(final["billing"]["total_units"]) * 1_000_000) == \
+                row["billed_prompt_micro"] + row["billed_completion_micro"]
 
 
 def test_thinking_off_counts_no_reasoning(hybrid):

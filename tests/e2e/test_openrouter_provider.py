@@ -139,12 +139,25 @@ def test_usage_on_every_response_without_opting_in(provider):
     final = events[-1]
     assert final["choices"] == [] and all("usage" in e for e in events)
     check_usage(final["usage"])
+    # non-streamed chat and completions: the same complete usage, with cost (issue 46)
+    full = {"chat": (r.headers["x-request-id"], r.json()["usage"])}
+    c = client.post("/v1/completions", json={"model": MODEL, "prompt": "usage please", "max_tokens": 5})
+    assert c.status_code == 200
+    full["completion"] = (c.headers["x-request-id"], c.json()["usage"])
     store = ledger(data)
     record = store.get(rid)
+    full_records = {kind: store.get(full_rid) for kind, (full_rid, _) in full.items()}
     store.close()
     assert Decimal(repr(final["usage"]["cost"])) * PICO == record.cost_pico_usd == EXPECTED.cost_pico(
         final["usage"]["prompt_tokens"], final["usage"]["completion_tokens"],
         final["usage"]["prompt_tokens_details"]["cached_tokens"])
+    for kind, (_, usage) in full.items():
+        rec = full_records[kind]
+        assert (usage["prompt_tokens"], usage["completion_tokens"], usage["prompt_tokens_details"]["cached_tokens"]) \
+            == (rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens), kind
+        assert Decimal(repr(usage["cost"])) * PICO == rec.cost_pico_usd > 0, kind
+        assert Decimal(usage["billing"]["cost_usd"]) == Decimal(repr(usage["cost"])), kind
+    assert full["chat"][1]["completion_tokens_details"]["reasoning_tokens"] == full_records["chat"].reasoning_tokens
 
 
 # ---- 3. each listed feature, exercised once --------------------------------------------------------------------

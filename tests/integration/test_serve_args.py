@@ -35,6 +35,18 @@ def test_user_flags_override_profile_including_aliases():
     assert args.max_num_batched_tokens == 8192  # untouched profile flags stay
 
 
+def test_prompt_tokens_details_on_by_default_unless_the_user_or_stock_usage_says_otherwise():
+    """Issue 46: cached tokens on every response; --no-enable-prompt-tokens-details and per_chunk_usage=false win."""
+    args, final, *_ = serve.resolve(["--model", "Qwen/Qwen3-8B"], environ={}, gpus=[])
+    assert args.enable_prompt_tokens_details is True and final.count("--enable-prompt-tokens-details") == 1
+    args, final, *_ = serve.resolve(["--model", "Qwen/Qwen3-8B", "--no-enable-prompt-tokens-details"], environ={},
+                                    gpus=[])
+    assert args.enable_prompt_tokens_details is False and "--enable-prompt-tokens-details" not in final
+    args, final, *_ = serve.resolve(["--model", "Qwen/Qwen3-8B", "--qwen-per-chunk-usage", "false"], environ={},
+                                    gpus=[])
+    assert args.enable_prompt_tokens_details is False
+
+
 def test_plugin_allowlist_keeps_vllms_own_plugins():
     names = serve.plugin_allowlist(None).split(",")
     assert "qwen_vllm_ext" in names and "lora_filesystem_resolver" in names

@@ -57,7 +57,8 @@ def test_installed_vllm_is_the_version_the_tests_expect():
     assert VERSION == "0.32.0" and "0.32.0" in core.supported_versions()
     assert [p.id for p in PATCHES] == ["0001-per-chunk-usage", "0002-usage-accounting",
                                        "0003-token-weighted-scheduler", "0004-api-server-hooks",
-                                       "0005-kv-reuse-template", "0006-turn-checkpoints", "0007-connection-guard"]
+                                       "0005-kv-reuse-template", "0006-turn-checkpoints", "0007-connection-guard",
+                                       "0008-cpu-seeded-sampling"]
 
 
 def test_each_patch_applies_alone_and_reverts_to_byte_identical_files(vllm_copy):
@@ -78,7 +79,7 @@ def test_each_patch_applies_alone_and_reverts_to_byte_identical_files(vllm_copy)
 def test_full_set_check_apply_twice_list_revert(vllm_copy):
     before = _hashes(vllm_copy)
     checked = cli("check", "--vllm-path", str(vllm_copy))
-    assert checked.returncode == 0 and "7 patch(es) apply cleanly" in checked.stdout
+    assert checked.returncode == 0 and "8 patch(es) apply cleanly" in checked.stdout
     assert cli("apply", "--vllm-path", str(vllm_copy)).returncode == 0
     changed = {rel for rel, sha in _hashes(vllm_copy).items() if before.get(rel) != sha}
     assert changed == {rel.removeprefix("vllm/") for rel in TOUCHED} | {f"{core.STATE_DIR}/state.json"} | \
@@ -142,6 +143,7 @@ from vllm.entrypoints.openai.chat_completion import serving as chat
 from vllm.entrypoints.openai.completion import serving as completion
 from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.entrypoints.launchers.launcher import NoSignalServer
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 import vllm.plugins
 cls = SchedulerConfig.get_scheduler_cls(SchedulerConfig(max_model_len=512, is_encoder_decoder=False))
 print(json.dumps({"vllm": vllm.__file__, "scheduler": cls.__name__,
@@ -150,6 +152,7 @@ print(json.dumps({"vllm": vllm.__file__, "scheduler": cls.__name__,
                                   and completion.should_include_usage(None, False) == (True, True),
                   "accounting": getattr(OutputProcessor, "_qwen_vllm_ext_usage_hooked", False),
                   "connections": getattr(NoSignalServer, "_qwen_vllm_ext_connection_guard", False),
+                  "seeds": getattr(CPUModelRunner, "_qwen_vllm_ext_cpu_seeds", False),
                   "plugins_loaded": vllm.plugins.plugins_loaded}))
 """
     on = _python(code, _env(overlay.parent, token_weighted_scheduler="true"))
@@ -157,12 +160,12 @@ print(json.dumps({"vllm": vllm.__file__, "scheduler": cls.__name__,
     result = json.loads(on.stdout.strip().splitlines()[-1])
     assert result["vllm"].startswith(str(overlay))
     assert result == {**result, "scheduler": "TokenWeightedScheduler", "stream": True, "usage_forced": True,
-                      "accounting": True, "connections": True, "plugins_loaded": False}
+                      "accounting": True, "connections": True, "seeds": True, "plugins_loaded": False}
     off = _python(code, _env(overlay.parent, enabled="false"))
     assert off.returncode == 0, off.stderr[-3000:]
     stock = json.loads(off.stdout.strip().splitlines()[-1])
     assert stock == {**stock, "scheduler": "Scheduler", "stream": False, "usage_forced": False,
-                     "accounting": False, "connections": False}
+                     "accounting": False, "connections": False, "seeds": False}
 
 
 # ---- the compatibility guard ------------------------------------------------------------------------------

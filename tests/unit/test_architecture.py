@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "qwen_vllm_ext"
 CALCULATOR = ROOT / "calculator_cython" / "qwen_v3_calculator"
-CAPABILITIES = ("scheduling", "usage", "gateway", "keys", "kv", "provider", "counting")
+CAPABILITIES = ("scheduling", "usage", "gateway", "keys", "kv", "provider", "counting", "sampling")
 
 
 def module_name(path: Path, package_root: Path, package: str) -> str:

@@ -68,6 +68,9 @@ def test_every_document_comes_from_a_pinned_source(corpus):
                  f"qwen-vllm-ext/{bench.CORPUS_TXT_REL}"]
     for name, docs in (*corpus["slices"].items(), ("warmup", corpus["warmup"])):
         assert len(corpus["origins"][name]) == len(docs), name
+        if name in bench.LANG_SLICES:  # generated from word lists in calculator_bench/languages.py, read nothing
+            assert set(corpus["origins"][name]) == {f"generated:{name}"}, name
+            continue
         bad = [o for o in corpus["origins"][name] if not o.startswith(tuple(prefixes))]
         assert not bad, (name, bad[:3])
 
@@ -83,6 +86,12 @@ def test_slices_are_non_empty_and_disjoint(corpus):
     assert not set(sl["mixed"]) & (set(sl["zh"]) | set(sl["en"]) | set(sl["code"]))
     assert not set(sl["zh"]) & set(sl["en"]) and not set(sl["en"]) & set(sl["code"])
     assert all(len(m) <= 300 for m in sl["chat"])
+    # the generated language slices: non-empty, disjoint from the rest, deterministic (own sha256)
+    for kind in bench.LANG_SLICES:
+        assert sl[kind] and all(d.strip() for d in sl[kind]), kind
+        assert not set(sl[kind]) & (set(sl["mixed"]) | set(sl["chat"])), kind
+    assert all(len(m) <= 300 for m in sl["mixchat"])
+    assert corpus["languages_sha256"] == corpus_sha256(sl, corpus["warmup"], bench.LANG_SLICES)
     # the llama.cpp test vectors ride along as chat messages; zh's shortfall is reported, not hidden
     assert corpus["stats"]["chat"]["mix"]["llama.cpp test vectors"] > 0
     short = [n for n in corpus["notes"] if n.startswith("zh:")]

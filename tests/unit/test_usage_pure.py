@@ -1,6 +1,7 @@
 """Unit tests of the pure-Python usage modules (no vLLM server, no GPU, fast).
 
-Covers :mod:`qwen_vllm_ext.usage.accounting`, ``stream_usage`` (``rewrite_sse`` / ``billing_fields``),
+Covers :mod:`qwen_vllm_ext.usage.accounting`, ``stream_usage`` (``rewrite_sse`` / ``billing_fields`` /
+``complete_usage``),
 ``access_log`` (stratified sampling and the JSON-lines writer), ``reconcile`` (Prometheus parsing, drift) and the
 pure helpers of ``middleware`` (``_status``, ``to_micro``, ``_parse_body``).
 """
@@ -23,7 +24,8 @@ from qwen_vllm_ext.usage.accounting import AccountBook, EngineCounts, RequestTot
 from qwen_vllm_ext.usage.ledger import LedgerRecord
 from qwen_v3_calculator.billing import to_micro
 from qwen_vllm_ext.usage.middleware import _parse_body, _status
-from qwen_vllm_ext.usage.stream_usage import billing_fields, rewrite_sse
+from qwen_v3_calculator.billing import Prices
+from qwen_vllm_ext.usage.stream_usage import billing_fields, complete_usage, rewrite_sse
 
 POLICY = get_policy("default")
 
@@ -389,6 +391,51 @@ def test_rewrite_sse_cached_above_chunk_prompt_does_not_break_the_stream():
     usage = out["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] <= usage["prompt_tokens"]
     assert "billing" in usage
+
+
+# ---- complete_usage: the non-streamed response's usage object, completed in place ----------------------------------
+
+class _Details:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _usage_info(prompt=100, completion=10, prompt_details=None, completion_details=None):
+    """The shape of vLLM's ``UsageInfo`` as the serving classes build it (attributes, details may be None)."""
+    return _Details(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                    prompt_tokens_details=prompt_details, completion_tokens_details=completion_details)
+
+
+def test_complete_usage_adds_cached_billing_and_cost_as_the_stream_and_the_ledger_do():
+    prices = Prices.per_million(prompt="0.5", completion="1.5", cache_read="0.05")
+    usage = _usage_info()  # vLLM without --enable-prompt-tokens-details: no prompt details at all
+    complete_usage(usage, 40, None, POLICY, prices, _Details)
+    assert usage.prompt_tokens_details.cached_tokens == 40
+    assert usage.completion_tokens_details is None  # no reasoning parser: vLLM reports none, neither do we
+    assert usage.billing == billing_fields(POLICY, {"prompt_tokens": 100, "completion_tokens": 10,
+                                                    "prompt_tokens_details": {"cached_tokens": 40}}, prices)
+    assert Decimal(repr(usage.cost)) == prices.cost(100, 10, 40, policy=POLICY)
+    assert Decimal(repr(usage.cost)) * 10**12 == prices.cost_pico(100, 10, 40, policy=POLICY)  # the ledger's figure
+    # the streamed final chunk carries the same figures
+    streamed = parse_event(rewrite_sse(sse(usage_chunk(100, 10)), 40, POLICY, prices=prices))["usage"]
+    assert (streamed["billing"], streamed["cost"]) == (usage.billing, usage.cost)
+
+
+def test_complete_usage_keeps_vllms_details_clamps_and_replaces_reasoning():
+    details = _Details(cached_tokens=None, created_cache_tokens=None)
+    usage = _usage_info(prompt=8, completion=30, prompt_details=details,
+                        completion_details=_Details(reasoning_tokens=0))
+    complete_usage(usage, 12, 25, POLICY, None, _Details)
+    assert usage.prompt_tokens_details is details and details.cached_tokens == 8  # never more than the prompt
+    assert usage.completion_tokens_details.reasoning_tokens == 25
+    assert usage.billing == to_jsonable(POLICY.bill(8, 30, cached_tokens=8)) and not hasattr(usage, "cost")
+
+
+def test_complete_usage_leaves_cached_alone_when_unknown_and_skips_billing_without_policy():
+    usage = _usage_info(completion_details=_Details(reasoning_tokens=3))
+    complete_usage(usage, None, None, None)
+    assert usage.prompt_tokens_details is None and usage.completion_tokens_details.reasoning_tokens == 3
+    assert not hasattr(usage, "billing") and not hasattr(usage, "cost")
 
 
 # =====================================================================================================
