@@ -179,7 +179,12 @@ def check_feature(feature, response):
     if feature == "tools":
         assert message["tool_calls"][0]["function"]["name"] == "get_weather"
     elif feature == "json_mode":
-        json.loads(message["content"])
+        # the grammar constrains every token, but a random-weight model may still be inside a JSON string when
+        # max_tokens ends it: a finished answer parses, a cut one is the start of an object
+        if response["choices"][0]["finish_reason"] == "stop":
+            json.loads(message["content"])
+        else:
+            assert response["choices"][0]["finish_reason"] == "length" and message["content"].lstrip().startswith("{")
     elif feature == "structured_outputs":
         assert json.loads(message["content"]) in ("yes", "no")
     else:
