@@ -243,3 +243,43 @@ def test_the_health_details_are_the_admins_when_the_gateway_is_on():
     assert not details_allowed(scope("wrong"), on) and not details_allowed({"headers": []}, on)
     assert not details_allowed(scope(""), Settings(gateway=True))  # no admin key set: nobody sees the details
     assert details_allowed({"headers": []}, Settings(gateway=False))  # nothing asks for keys with the gateway off
+
+
+# ---- websockets ---------------------------------------------------------------------------------------------------
+def test_a_websocket_needs_a_key_like_http(tmp_path):
+    """A realtime (websocket) route behind the gateway: no key or a wrong one -> the handshake is closed with 1008 and
+    the app never runs; a valid key reaches it with its key id on the request context (real SQLite key store)."""
+    import asyncio
+
+    from qwen_vllm_ext.config import Settings
+    from qwen_vllm_ext.gateway.middleware import GatewayMiddleware
+    from qwen_vllm_ext.keys import KeyCache, SqliteKeyStore
+
+    keys = SqliteKeyStore(str(tmp_path / "ledger.sqlite3"), "s" * 32)
+    secret, key = keys.create("ws")
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["state"]["qwen_vllm_ext"].api_key_id)
+        await send({"type": "websocket.accept"})
+
+    gw = GatewayMiddleware(app, settings=Settings(data_dir=str(tmp_path), gateway=True), keys=KeyCache(keys),
+                           limiter=None, policy=None)
+
+    def connect(headers):
+        sent = []
+
+        async def receive():
+            return {"type": "websocket.connect"}
+
+        async def send(message):
+            sent.append(message)
+
+        asyncio.run(gw({"type": "websocket", "path": "/v1/realtime", "headers": headers, "state": {}}, receive, send))
+        return sent
+
+    for headers in ([], [(b"authorization", b"Bearer qve-" + b"x" * 43)]):
+        assert connect(headers) == [{"type": "websocket.close", "code": 1008, "reason": "invalid_api_key"}]
+    assert reached == []
+    assert connect([(b"authorization", f"Bearer {secret}".encode())]) == [{"type": "websocket.accept"}]
+    assert reached == [key.key_id]
