@@ -96,7 +96,7 @@ def find_lone_surrogate(value: Any, path: str = "") -> str | None:
     while stack:
         where, item = stack.pop()
         if isinstance(item, str):
-            if any(0xD800 <= ord(c) <= 0xDFFF for c in item) and _has_lone(item):
+            if _has_lone(item):
                 return where or "body"
         elif isinstance(item, dict):
             for k, v in item.items():
@@ -110,6 +110,7 @@ def find_lone_surrogate(value: Any, path: str = "") -> str | None:
 
 
 def _has_lone(text: str) -> bool:
+    """A str from parsed JSON holds a surrogate code point only unpaired (pairs are joined): UTF-8 cannot encode it."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
