@@ -125,7 +125,11 @@ def brief(rep: dict) -> dict:
     return {"ttft_mean_s": lat["ttft_s"]["mean"], "ttft_p99_s": lat["ttft_s"]["p99"], "tpot_mean_s": lat["tpot_s"]["mean"],
             "request_throughput": tp["request_throughput"], "output_token_throughput": tp["output_token_throughput"],
             "goodput": tp["goodput"], "completed": tp["completed"], "requests": tp["requests"],
-            "mismatches": len(rep["accounting"]["mismatches"]), "ttfts": [r["ttft_s"] for r in rep.get("records", [])
+            "mismatches": len(rep["accounting"]["mismatches"]),
+            # why any request did not complete (status and the start of its error): the smoke test prints it
+            "not_completed": sorted({f"{r.get('status')}: {str(r.get('error_message') or '')[:160]}"
+                                     for r in rep.get("records", []) if r.get("status") != "ok"}),
+            "ttfts": [r["ttft_s"] for r in rep.get("records", [])
                                                                          if r.get("ttft_s") is not None]}
 
 

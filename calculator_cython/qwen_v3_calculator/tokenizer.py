@@ -146,16 +146,14 @@ class Tokenizer:
             raise ValueError(f"{p}: unsupported normalizer {norm!r} (expected NFC)")
         rule = _rule_from_pretokenizer(spec.get("pre_tokenizer"))
         dec = _byte_decoder()
-        vocab = model["vocab"]
+        vocab = model.get("vocab")
+        if not isinstance(vocab, dict) or not all(isinstance(i, int) and i >= 0 for i in vocab.values()):
+            raise ValueError(f"{p}: unknown BPE vocab format; expected an object of token -> non-negative id")
         size = max(vocab.values()) + 1 if vocab else 0
         tokens: list = [None] * size
         for tok, i in vocab.items():
             tokens[i] = bytes(dec[ch] for ch in tok)
-        flat = array.array("i")
-        for m in model.get("merges", []):
-            a, b = m.split(" ", 1) if isinstance(m, str) else m
-            flat.extend((vocab[a], vocab[b], vocab[a + b]))
-        engine = _core.Engine.from_vocab(tokens, flat)
+        engine = _core.Engine.from_vocab(tokens, _merge_triples(p, model, vocab))
         added = {}
         for t in spec.get("added_tokens", []):
             if t.get("single_word") or t.get("lstrip") or t.get("rstrip"):
@@ -183,6 +181,34 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(vocab_size={self.vocab_size}, split_rule={self.split_rule!r}, "
                 f"added_tokens={len(self.added_tokens)})")
+
+
+def _merge_triples(path, model: dict, vocab: dict) -> array.array:
+    """``model["merges"]`` of a tokenizer.json as flat (left id, right id, result id) triples. The two formats HF
+    ``tokenizers`` writes are read: ``"left right"`` strings (before 0.20) and ``["left", "right"]`` pairs. Anything
+    else is an error naming the file and the entry: a merges list the engine would misread counts wrong silently."""
+    merges = model.get("merges")
+    if not isinstance(merges, list):
+        found = "no merges" if merges is None else f"merges of type {type(merges).__name__}"
+        raise ValueError(f"{path}: unknown BPE merges format ({found}); expected a list of \"left right\" strings "
+                         f"or [left, right] pairs")
+    flat = array.array("i")
+    for k, m in enumerate(merges):
+        if isinstance(m, str):
+            pair = m.split(" ")
+        elif isinstance(m, list) and all(isinstance(x, str) for x in m):
+            pair = m
+        else:
+            pair = None
+        if pair is None or len(pair) != 2 or not all(pair):
+            raise ValueError(f"{path}: unknown BPE merges format at merges[{k}] = {m!r}; expected a \"left right\" "
+                             f"string or a [left, right] pair")
+        a, b = pair
+        for part in (a, b, a + b):
+            if part not in vocab:
+                raise ValueError(f"{path}: merges[{k}] = {m!r}: token {part!r} is not in the vocabulary")
+        flat.extend((vocab[a], vocab[b], vocab[a + b]))
+    return flat
 
 
 def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> int | None:

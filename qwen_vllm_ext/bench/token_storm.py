@@ -28,6 +28,8 @@ from .workload import ArrivalSpec, LengthSpec, Session, build_sessions, load_tra
 RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-requests",
                 "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
                 "retry-after")
+KEEPALIVE_EXPIRY_S = 2.0
+"""The client drops a connection idle this long, before the server's keep-alive timeout (uvicorn: 5 s) closes it."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,9 +200,11 @@ class Storm:
         self.bar = None
         import httpx
 
-        # no connection-pool cap: a pool queue would show up as client-side TTFT
-        http = httpx.AsyncClient(timeout=args.timeout, limits=httpx.Limits(max_connections=None,
-                                                                           max_keepalive_connections=None))
+        # no connection-pool cap: a pool queue would show up as client-side TTFT. Idle connections expire after
+        # KEEPALIVE_EXPIRY_S, well before the server closes them (uvicorn's keep-alive, vLLM's default 5 s: httpx's
+        # default expiry is the same 5 s, so a request could go out on a connection the server is closing)
+        http = httpx.AsyncClient(timeout=args.timeout, limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self.client = AsyncClient(args.base_url, args.api_key, timeout=args.timeout, http_client=http,
                                   retry=RetryPolicy(max_retries=args.retries))
         # first turns are prepared before the clock starts (prompt cutting costs CPU)

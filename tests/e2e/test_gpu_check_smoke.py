@@ -35,7 +35,8 @@ def test_the_gpu_check_runs_in_cpu_smoke_mode(tmp_path):
     # every side replayed the same requests, every repeat, all completed
     counts = {side: [r["requests"] for r in reps] for side, reps in runs.items()}
     assert len({tuple(c) for c in counts.values()}) == 1 and all(len(c) == 2 for c in counts.values()), counts
-    assert all(r["completed"] == r["requests"] > 0 for reps in runs.values() for r in reps)
+    assert all(r["completed"] == r["requests"] > 0 for reps in runs.values() for r in reps), {
+        side: [(r["completed"], r["requests"], r["not_completed"]) for r in reps] for side, reps in runs.items()}
     # the A/A and A/B ratios with their intervals, and a verdict that names which of the three outcomes it is
     for label in ("aa", "ab"):
         cell = two["comparisons"]["1.2"][label]

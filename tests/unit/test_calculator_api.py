@@ -110,3 +110,60 @@ def test_the_piece_cache_costs_memory_only_as_pieces_arrive():
     load_mb, counting_mb = map(float, proc.stdout.split())
     assert load_mb < 26, load_mb
     assert counting_mb > 1, counting_mb  # the cache's pages arrive with the pieces
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer_json(tmp_path_factory):
+    """The Qwen3 tokenizer.json cut to its first 3,000 ids (a merge's parts rank below its result, so the cut is
+    whole); each case below writes a broken copy of it."""
+    d = tmp_path_factory.mktemp("tok")
+    write_tokenizer_files(d, "qwen3", chat_template="x")
+    spec = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    model = spec["model"]
+    model["vocab"] = {t: i for t, i in model["vocab"].items() if i < 3000}
+    model["merges"] = [m for m in model["merges"] if "".join(m.split(" ") if isinstance(m, str) else m)
+                       in model["vocab"]]
+    spec["added_tokens"] = []
+    return spec
+
+
+@pytest.mark.parametrize("merges, message", [
+    (None, r"unknown BPE merges format \(no merges\)"),
+    ({"Ġ t": 0}, r"unknown BPE merges format \(merges of type dict\)"),
+    (["Ġ t", "Ġt he x"], r"merges\[1\] = 'Ġt he x'"),
+    (["Ġ t", "Ġthe"], r"merges\[1\] = 'Ġthe'"),
+    ([["Ġ", "t"], ["Ġ", 5]], r"merges\[1\] = \['Ġ', 5\]"),
+    ([["Ġ", "t", "h"]], r"merges\[0\]"),
+    (["Ġ t", "zz\u2603 q"], r"token 'zz☃' is not in the vocabulary"),
+])
+def test_a_tokenizer_json_with_unknown_merges_is_refused_naming_the_file(tmp_path, tiny_tokenizer_json, merges,
+                                                                        message):
+    """Never a silent miscount: merges the engine cannot read are an error that names the file (and the entry)."""
+    spec = json.loads(json.dumps(tiny_tokenizer_json))
+    if merges is None:
+        del spec["model"]["merges"]
+    else:
+        spec["model"]["merges"] = merges
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(ValueError, match=message) as err:
+        Calculator(tokenizer=tmp_path)
+    assert str(path) in str(err.value)
+
+
+def test_both_merges_formats_count_the_same(tmp_path, tiny_tokenizer_json):
+    """HF tokenizers writes merges as "left right" strings (before 0.20) or [left, right] pairs: both read alike."""
+    pairs = json.loads(json.dumps(tiny_tokenizer_json))
+    strings = json.loads(json.dumps(tiny_tokenizer_json))
+    strings["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in pairs["model"]["merges"]]
+    pairs["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in pairs["model"]["merges"]]
+    import tokenizers
+
+    text = "Это является важным вопросом; the tokenizer counts 人力资源"
+    ids = []
+    for name, spec in (("pairs", pairs), ("strings", strings)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+        ids.append(Calculator(tokenizer=tmp_path / name).encode(text))
+        ids.append(tokenizers.Tokenizer.from_file(str(tmp_path / name / "tokenizer.json")).encode(text).ids)
+    assert ids[0] == ids[1] == ids[2] == ids[3] and len(ids[0]) > 20  # the cut vocabulary: more, shorter tokens
