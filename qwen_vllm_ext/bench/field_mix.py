@@ -199,3 +199,51 @@ def bodies(seed: int, count: int, model: str, kinds=("chat", "completion", "mess
 def fields_set(body: dict, table: dict) -> set[str]:
     """The fields of ``table`` (a :mod:`request_fields` table) that ``body`` sets."""
     return {name for name in body if name in table}
+
+
+# ---- every field vLLM's request models accept, with values a client would send (issue 46) -------------------------
+_JSON_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 8}}, "required": ["answer"]}
+_COMMON_VALUES: dict[str, list] = {
+    "model": [None], "max_tokens": [3], "n": [2], "min_tokens": [2], "truncate_prompt_tokens": [3],
+    "truncation_side": ["left"], "add_special_tokens": [False], "use_beam_search": [True],
+    "frequency_penalty": [0.5, -1.0], "presence_penalty": [0.7], "repetition_penalty": [1.2],
+    "logit_bias": [{"100": 5, "200": -100}], "seed": [7, 0], "stop": ["\n", ["the", "a"]], "stream": [True],
+    "stream_options": [{"include_usage": True, "continuous_usage_stats": True}],
+    "temperature": [0.0, 1.5], "top_p": [0.3], "top_k": [5, -1], "min_p": [0.1], "user": ["end-user-7"],
+    "watermarking": [True, False], "length_penalty": [1.0], "stop_token_ids": [[100, 151643]],
+    "include_stop_str_in_output": [True], "ignore_eos": [True], "skip_special_tokens": [False],
+    "spaces_between_special_tokens": [False], "allowed_token_ids": [[100, 200, 300, 400]], "prompt_logprobs": [2],
+    "logprob_token_ids": [[100, 200]], "bad_words": [["the", " and"]],
+    "response_format": [{"type": "json_object"}, {"type": "json_schema",
+                                                  "json_schema": {"name": "a", "schema": _JSON_SCHEMA}}],
+    "structured_outputs": [{"choice": ["yes", "no"]}, {"regex": "[a-z]{1,3}"}, {"json": _JSON_SCHEMA}],
+    "priority": [0, 3], "request_id": ["client-chosen-id"], "session_id": ["session-7"],
+    "return_tokens_as_token_ids": [True], "return_token_ids": [True], "routed_experts_prompt_start": [1],
+    "return_token_offsets": [True], "mm_payload": ["none"], "return_mm_kwargs": [False], "cache_salt": ["salt-7"],
+    "kv_transfer_params": [{}], "ec_transfer_params": [{}], "vllm_xargs": [{"note": 1}],
+    "repetition_detection": [{"max_pattern_size": 4, "min_count": 3}], "thinking_token_budget": [8],
+    "stream_interval": [2], "echo": [True],
+}
+FIELD_VALUES: dict[str, dict[str, list]] = {
+    "chat": {**_COMMON_VALUES,
+             "messages": [[{"role": "user", "content": "Это является важным вопросом"}]],
+             "tools": [TOOLS], "tool_choice": ["none"], "reasoning_effort": ["low", "none"],
+             "chat_template_kwargs": [{"enable_thinking": False}], "documents": [[{"title": "t", "text": "d"}]],
+             "add_generation_prompt": [False], "continue_final_message": [True], "max_completion_tokens": [3],
+             "chat_template": ["{% for m in messages %}{{ m.content }}{% endfor %}"], "logprobs": [True],
+             "top_logprobs": [2], "media_io_kwargs": [{}], "mm_processor_kwargs": [{}], "include_reasoning": [False],
+             "parallel_tool_calls": [False], "return_prompt_text": [True]},
+    "completion": {**_COMMON_VALUES, "prompt": [[100, 200, 300], "人力资源市场稳定。"], "logprobs": [2],
+                   "suffix": ["return x"], "prompt_embeds": ["AAAA"]},
+}
+"""Per request kind, values of every field of vLLM's request models (``tests/e2e/field_sweep.py`` checks the table
+holds every field the installed vLLM accepts): each sent alone on a minimal request, and mixed in concurrent batches.
+Some are refused by design (``use_beam_search``, ``chat_template``, ``suffix``, ``prompt_embeds``: the gateway
+cannot count them) or by vLLM (``continue_final_message`` with the generation prompt on, ``top_logprobs`` without
+``logprobs``): a 400 naming the field."""
+
+
+def field_combination(rng: random.Random, kind: str, fields: int) -> dict:
+    """``fields`` fields of :data:`FIELD_VALUES` with one of their values each (the mixed batches of the sweep)."""
+    table = FIELD_VALUES[kind]
+    return {name: rng.choice(table[name]) for name in rng.sample(sorted(table), fields)}

@@ -206,6 +206,15 @@ def test_field_coverage_admission_count_equals_engine_count(hybrid):
     assert all(o[2] == 400 for o in other), other
 
 
+def test_every_request_field_alone_and_in_mixed_batches_keeps_the_engine_up(hybrid):
+    """Issue 46 on the hybrid engine: every field vLLM accepts, alone and in mixed concurrent batches
+    (tests/e2e/field_sweep.py): a 200 or a 400 naming the field; the engine stays up."""
+    from .field_sweep import sweep
+
+    server, _, key = hybrid
+    print(sweep(server.base_url, lambda: key, MODEL))
+
+
 def test_token_storm_accounting_is_clean(hybrid, tmp_path):
     server, data, key = hybrid
     proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.bench.token_storm", "--base-url", server.base_url,
