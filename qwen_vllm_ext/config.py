@@ -135,12 +135,15 @@ class Settings:
     """Ledger records of requests refused for a missing or wrong API key (401), at most this many per second per
     API-server process; every such request is counted in ``qwen_ext_gateway_rejections_total{code="invalid_api_key"}``.
     Their records never carry a client-chosen request or conversation id. 0 = none recorded."""
-    spike_factor: float = 3.0
-    """Suspend a key whose billed usage over 15 minutes exceeds this multiple of its baseline (0 = off)."""
-    spike_min_units: float = 1000.0
-    """Baseline floor in billed units per 15 minutes (new or quiet keys are compared with at least this)."""
+    spike_factor: float = 10.0
+    """Spike breaker (gateway/spike.py): suspend a key whose billed units over 15 minutes exceed this multiple of its
+    previous UTC day's 15-minute average, the floor below and what its own rpm/tpm allow, all three (0 = off). Keys
+    created exempt (``keys create --no-spike-breaker``) and keys without a full previous day are never checked."""
+    spike_min_units: float = 0.0
+    """The spike breaker's floor in billed units per 15 minutes; 0 = four requests of the largest size the server
+    accepts (its context length at the billing policy's priciest split), so one such request never reaches it."""
     spike_cooldown_s: float = 900.0
-    """How long a key stays suspended after a spike."""
+    """How long a key stays suspended after a spike (>= 1)."""
     spike_webhook: str = ""
     """URL that receives a JSON POST when a key is suspended (empty: none)."""
     max_queue_wait_s: float = 0.0
@@ -277,9 +280,14 @@ class Settings:
         settings = cls(**own, scheduler=scheduler)
         settings.prices()  # a price that cannot be billed exactly: refused here, naming the setting
         for name in ("max_queue_wait_s", "sse_keepalive_s", "listing_context_length", "listing_max_output", "max_n",
-                     "max_sequences_per_request", "unauthenticated_records_per_s"):
-            if getattr(settings, name) < 0:
-                raise SettingsError(f"setting {name!r} must be >= 0, got {getattr(settings, name)}")
+                     "max_sequences_per_request", "unauthenticated_records_per_s", "spike_factor", "spike_min_units"):
+            if not getattr(settings, name) >= 0 or getattr(settings, name) == float("inf"):  # NaN fails >= too
+                raise SettingsError(f"setting {name!r} must be a finite number >= 0, got {getattr(settings, name)}")
+        if not 1 <= settings.spike_cooldown_s < float("inf"):
+            raise SettingsError(f"setting 'spike_cooldown_s' must be a finite number of seconds >= 1, got "
+                                f"{settings.spike_cooldown_s}")
+        if settings.spike_webhook and not settings.spike_webhook.startswith(("http://", "https://")):
+            raise SettingsError(f"setting 'spike_webhook' must be an http(s) URL, got {settings.spike_webhook!r}")
         return settings
 
     def prices(self):

@@ -45,6 +45,7 @@ class Doctor:
         self.model: str | None = None
         self.metrics_text = ""
         self.probe_usage: dict | None = None  # the final usage of the first probe stream
+        self.key_unusable = False  # the --api-key was refused (suspended, revoked, out of scope): probes skipped
 
     # ---- helpers ---------------------------------------------------------------------------------------------
     def add(self, name: str, status: str, seen: str, fix: str = "") -> Check:
@@ -110,10 +111,13 @@ class Doctor:
     def run(self) -> list[Check]:
         # the scheduler is checked after the probes: an engine core publishes its status once it has scheduled
         steps: list[Callable[[], bool | None]] = [self.check_reachable, self.check_plugin, self.check_versions,
-                                                 self.check_prefix_caching, self.check_hardware, self.check_probe, self.check_reuse,
-                                                 self.check_scheduler, self.check_gateway, self.check_admin,
-                                                 self.check_openrouter, self.check_ledger]
+                                                 self.check_prefix_caching, self.check_hardware, self.check_key,
+                                                 self.check_probe, self.check_reuse, self.check_scheduler,
+                                                 self.check_gateway, self.check_admin, self.check_openrouter,
+                                                 self.check_ledger]
         for step in steps:
+            if self.key_unusable and step in (self.check_probe, self.check_reuse, self.check_scheduler):
+                continue  # the key check said why (a suspended or refused key): not three misleading FAILs more
             try:
                 if step() is False:
                     break  # nothing further can be checked
@@ -237,6 +241,35 @@ class Doctor:
         else:
             self.add("profile vs hardware", "PASS", seen)
 
+    def check_key(self) -> None:
+        """With the gateway on and --api-key given: the key can be used. A suspended key is reported as suspended,
+        with the time it lifts and the command that lifts it now; the probes that need it are skipped."""
+        if not (self.api_key and self.settings().get("gateway")):
+            return
+        r = self.http.post("/v1/chat/completions", headers=self.headers(), json={
+            "model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        if r.status_code == 200:
+            self.add("api key", "PASS", "the --api-key is active and allowed on " + str(self.model))
+            return
+        error = (r.json().get("error") or {}) if r.headers.get("content-type", "").startswith("application/json") \
+            else {}
+        self.key_unusable = True
+        code = error.get("code")
+        if code == "api_key_suspended":
+            self.add("api key", "FAIL", f"the key is suspended: {error.get('message')}",
+                     "lift it now with `python -m qwen_vllm_ext.keys update KEY_ID --unsuspend` (KEY_ID: "
+                     "`python -m qwen_vllm_ext.keys list`), or PATCH /qwen_ext/admin/keys/KEY_ID with "
+                     "{\"suspended_until\": null}; create an aggregator's key with --no-spike-breaker")
+        elif code in ("invalid_api_key", "api_key_expired"):
+            self.add("api key", "FAIL", f"HTTP {r.status_code} {code}: {error.get('message')}",
+                     "pass a current key: `python -m qwen_vllm_ext.keys create --name NAME`")
+        elif code == "model_not_allowed":
+            self.add("api key", "FAIL", f"HTTP {r.status_code} {code}: {error.get('message')}",
+                     f"allow the key on {self.model}: `python -m qwen_vllm_ext.keys update KEY_ID --all-models`")
+        else:
+            self.key_unusable = False  # not the key: the probes say more
+            self.add("api key", "WARN", f"a one-token request got HTTP {r.status_code} {code}", "see the probes below")
+
     def check_probe(self) -> None:
         messages = [{"role": "user", "content": "qwen-vllm-ext doctor probe: "
                      + " ".join(f"word{i}" for i in range(200))}]
@@ -330,18 +363,20 @@ class Doctor:
             self.add("gateway: bad key", "FAIL", f"a wrong key got {bad.status_code} {code}", "check the gateway log")
         if not self.api_key:
             self.add("gateway: limits", "WARN", "no --api-key given: rate-limit headers and body checks not probed",
-                     "rerun with --api-key of a key with RPM/TPM limits")
+                     "rerun with --api-key")
             return
+        if self.key_unusable:
+            return  # "api key" above says why
         res = self.http.post("/v1/chat/completions", headers=self.headers(), json={
             "model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
         limits = sorted(k for k in res.headers if k.startswith("x-ratelimit-"))
         if res.status_code == 200 and limits:
             self.add("gateway: limits", "PASS", f"{len(limits)} rate-limit headers ({', '.join(limits[:2])}, ...)")
-        elif res.status_code == 200:
-            self.add("gateway: limits", "WARN", "this key has no RPM/TPM limit (no x-ratelimit-* headers)",
-                     "set rpm/tpm on the key or global_rpm/global_tpm")
+        elif res.status_code == 200:  # docs/gateway.md: the headers come with a limit; a key without any has none
+            self.add("gateway: limits", "PASS", "this key has no RPM/TPM limit, and the server none "
+                     "(global_rpm/global_tpm): no x-ratelimit-* headers, as documented")
         else:
-            self.add("gateway: limits", "FAIL", f"the probe got HTTP {res.status_code}", "check the key's scope")
+            self.add("gateway: limits", "FAIL", f"the probe got HTTP {res.status_code}", "see the 'api key' check")
         badbody = self.http.post("/v1/chat/completions", headers=self.headers(), json={
             "model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": -5})
         if badbody.status_code == 400:
@@ -492,14 +527,20 @@ def render(checks: list[Check]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m qwen_vllm_ext.doctor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m qwen_vllm_ext.doctor",
+        description="Check a running qwen-vllm-ext server from the outside, as an operator would after a deploy: one "
+                    "line per check (PASS / WARN / FAIL, what was seen, what to do); exit status 1 on any FAIL. The "
+                    "probes are a few short chat requests (a ~200-word prompt, at most 8 output tokens each).")
     parser.add_argument("--url", required=True, help="the server, e.g. http://localhost:8000")
-    parser.add_argument("--api-key", help="a key for the probes (gateway on)")
+    parser.add_argument("--api-key", help="a key for the probes (gateway on); a suspended key is reported as such, "
+                        "with the command that lifts it")
     parser.add_argument("--admin-key", default=os.environ.get("QWEN_VLLM_EXT_ADMIN_KEY") or None,
                         help="the admin key (checks that the admin routes take it and refuse others); default: the "
                         "environment variable QWEN_VLLM_EXT_ADMIN_KEY, which unlike a flag does not show in `ps`")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
-    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="per HTTP request, in seconds (default: 120)")
     args = parser.parse_args(argv)
     checks = Doctor(args.url, args.api_key, args.admin_key, args.timeout).run()
     if args.json:

@@ -82,6 +82,15 @@ class BillingPolicy:
             return f"policy {self.name!r} counts messages without the chat template, unlike usage"
         return None
 
+    def max_request_units(self, context_length: int) -> Decimal:
+        """The most billed units one request can cost when prompt + completion fit in ``context_length`` tokens
+        (a code block on both sides): the bill is convex in the prompt's share, so the most is at an end -- the
+        whole context as prompt, or one prompt token and the rest output."""
+        if not isinstance(context_length, int) or context_length < 1:
+            raise ValueError(f"context_length must be a positive int, got {context_length!r}")
+        ends = ((context_length, 0), (1, context_length - 1))
+        return max(self.bill(p, c, input_has_code=True, output_has_code=True)["total_units"] for p, c in ends)
+
     def bill(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
              excluded_prompt_tokens: int = 0, input_has_code: bool = False, output_has_code: bool = False) -> dict:
         """Billed figures for one request. ``cached_tokens`` are part of ``prompt_tokens``."""

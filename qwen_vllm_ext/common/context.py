@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # names for the annotations only: nothing of the capabilities
     from ..config import Settings
     from ..gateway.admission import Served
     from ..gateway.capacity import Backlog
+    from ..gateway.spike import SpikeBreaker
     from ..kv.server import KvState
     from ..provider.listing import ModelFacts
     from ..usage.ledger import LedgerStore
@@ -41,6 +42,7 @@ class ServerContext:
     listing: list[ModelFacts] | None = None  # one per served model (openrouter on)
     prices: Prices | None = None  # (openrouter on)
     capacity: Backlog | None = None  # capacity 429s (max_queue_wait_s > 0)
+    spike_breaker: SpikeBreaker | None = None  # (gateway on): told the served context length at init_state
     kv: KvState | None = None  # the served template, the idle sleeper
 
 

@@ -285,16 +285,21 @@ class GatewayMiddleware:
         if key is None:
             raise Rejection(401, "invalid_api_key", "the API key is not valid: check it was copied whole; keys "
                             "are shown only once at creation", type_="authentication_error")
-        ok, reason = key.active()
+        now = time.time()
+        ok, reason = key.active(now)
         if not ok:
+            if reason == "suspended":
+                lifts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(key.suspended_until))
+                wait = max(1, math.ceil(key.suspended_until - now))
+                raise Rejection(403, "api_key_suspended", f"this API key is suspended until {lifts} (in {wait} s): "
+                                f"{key.suspend_reason or 'suspended by an operator'}; an operator can lift it earlier",
+                                type_="permission_error", headers={"retry-after": str(wait)})
             messages = {
                 "revoked": ("invalid_api_key", "this API key was revoked; ask for a new one"),
                 "expired": ("api_key_expired", "this API key has expired; ask for a new one or an extension"),
-                "suspended": ("api_key_suspended", f"this API key is suspended ({key.suspend_reason or 'usage spike'}) "
-                              "until an operator clears it or the suspension ends"),
             }
             code, message = messages.get(reason, ("invalid_api_key", "this API key cannot be used"))
-            raise Rejection(401 if reason != "suspended" else 403, code, message, type_="authentication_error")
+            raise Rejection(401, code, message, type_="authentication_error")
         return key
 
     async def _read_body(self, receive) -> bytes:

@@ -28,6 +28,7 @@ def attach(app, settings) -> list:
     limiter = open_limiter(where.backend, where.target)
     breaker = SpikeBreaker(settings, limiter, key_store, lambda: server_context(app).ledger_store,
                            counter=catalog.counter("qwen_ext_keys_suspended"))
+    server_context(app).spike_breaker = breaker
     metrics.register(per_key=catalog.per_key_series(settings))
     declare("keys", "limiter")
     inline = limiter.nonblocking() if hasattr(limiter, "nonblocking") else None  # SQLite: admission inline
@@ -54,6 +55,10 @@ def init_state(engine_client, state, args) -> None:
         template_defaults=dict(getattr(args, "default_chat_template_kwargs", None) or {}),
         exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none", False)),
     )
+    if ctx.spike_breaker is not None:  # the default floor: a few requests of the largest size this engine takes
+        from qwen_v3_calculator.billing import get_policy
+
+        ctx.spike_breaker.served(ctx.admission.max_model_len, get_policy(ctx.settings.billing_policy))
     if ctx.settings.max_queue_wait_s > 0:
         from ..observability import catalog
         from .capacity import Backlog

@@ -84,7 +84,7 @@ def label(text: str) -> tuple[str, str]:
 _FIELDS = {"models": "models", "rpm": "rpm", "tpm": "tpm", "max_concurrent": "max_concurrent",
            "max_tokens_cap": "max_tokens_cap", "max_n": "max_n", "daily_budget": "daily_budget_micro",
            "monthly_budget": "monthly_budget_micro", "expires": "expires_at", "name": "name",
-           "suspend_until": "suspended_until", "suspend_reason": "suspend_reason"}
+           "suspend_until": "suspended_until", "suspend_reason": "suspend_reason", "spike_breaker": "spike_breaker"}
 
 
 def _fields(args: argparse.Namespace, current: ApiKey | None = None) -> dict[str, Any]:
@@ -129,14 +129,16 @@ def _public(key: ApiKey) -> dict[str, Any]:
 def show_lines(key: ApiKey) -> list[tuple[str, str]]:
     status = key.status()
     if status == "suspended":
-        status += f" until {_time(key.suspended_until)} ({key.suspend_reason or 'no reason given'})"
+        status += (f" until {_time(key.suspended_until)} ({key.suspend_reason or 'no reason given'}); lift it with "
+                   f"`python -m qwen_vllm_ext.keys update {key.key_id} --unsuspend`")
     return [("key_id", key.key_id), ("name", key.name), ("prefix", key.prefix + "..."), ("status", status),
             ("created", _time(key.created_at)), ("expires", _time(key.expires_at)),
             ("revoked", _time(key.revoked_at)), ("models", ", ".join(key.models) or "(all)"),
             ("rpm", _num(key.rpm)), ("tpm", _num(key.tpm)), ("max_concurrent", _num(key.max_concurrent)),
             ("max_tokens_cap", _num(key.max_tokens_cap)), ("max_n", _num(key.max_n)), ("daily_budget", _billed(key.daily_budget_micro)),
             ("monthly_budget", _billed(key.monthly_budget_micro)),
-            ("labels", ", ".join(f"{k}={v}" for k, v in sorted(key.labels.items())) or "-")]
+            ("labels", ", ".join(f"{k}={v}" for k, v in sorted(key.labels.items())) or "-"),
+            ("spike_breaker", "on" if key.spike_breaker else "exempt")]
 
 
 def format_show(key: ApiKey) -> str:
@@ -226,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("--expires", type=when, default=S, help="unix time, ISO date/time (UTC if no zone), "
                        "duration from now (30d, 12h, 90m) or 'never'")
     scope.add_argument("--label", type=label, action="append", default=S, help="KEY=VALUE (repeatable)")
+    scope.add_argument("--spike-breaker", action=argparse.BooleanOptionalAction, default=S,
+                       help="watch the key with the spike breaker (default); --no-spike-breaker: exempt, for the one "
+                            "key an aggregator such as OpenRouter sends all of a provider's traffic with")
 
     parser = argparse.ArgumentParser(prog="python -m qwen_vllm_ext.keys",
                                      description="API keys of the qwen-vllm-ext gateway (secrets are shown once).")

@@ -20,7 +20,7 @@ MICRO = 1_000_000
 MIN_SERVER_SECRET = 16
 LIMIT_FIELDS = ("rpm", "tpm", "max_concurrent", "max_tokens_cap", "max_n", "daily_budget_micro",
                 "monthly_budget_micro")
-SCOPE_FIELDS = ("models", *LIMIT_FIELDS, "expires_at", "labels")          # accepted by create()
+SCOPE_FIELDS = ("models", *LIMIT_FIELDS, "expires_at", "labels", "spike_breaker")  # accepted by create()
 UPDATABLE_FIELDS = ("name", *SCOPE_FIELDS, "suspended_until", "suspend_reason")   # accepted by update()
 REASONS = ("revoked", "expired", "suspended")
 _MAX_INT = 2**63 - 1
@@ -61,6 +61,7 @@ class ApiKey:
     daily_budget_micro: int | None = None
     monthly_budget_micro: int | None = None
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    spike_breaker: bool = True  # False: exempt from the spike breaker (an aggregator's key: gateway/spike.py)
 
     def active(self, now: float | None = None) -> tuple[bool, str | None]:
         """``(True, None)`` or ``(False, reason)`` with reason ``revoked``, ``expired`` or ``suspended``."""
@@ -138,6 +139,12 @@ def _v_positive(name: str, value: Any) -> int | None:
     raise ValueError(f"{name} must be a positive integer or None (unlimited), got {value!r}")
 
 
+def _v_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"{name} must be true or false, got {printable(str(value)[:80])!r}")
+
+
 def _v_time(name: str, value: Any) -> float | None:
     try:
         return parse_expiry(value)
@@ -186,7 +193,8 @@ def _v_labels(name: str, value: Any) -> dict[str, str]:
 
 _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "name": _v_name, "models": _v_models, "labels": _v_labels, "expires_at": _v_time,
-    "suspended_until": _v_time, "suspend_reason": _v_reason, **{f: _v_positive for f in LIMIT_FIELDS}}
+    "suspended_until": _v_time, "suspend_reason": _v_reason, "spike_breaker": _v_bool,
+    **{f: _v_positive for f in LIMIT_FIELDS}}
 
 
 def validate_fields(fields: dict[str, Any], allowed: tuple[str, ...] = UPDATABLE_FIELDS) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""Operator CLI: ``python -m qwen_vllm_ext.usage report [--by key|model|day] [--json|--csv] ...`` and
-``python -m qwen_vllm_ext.usage reconcile --url http://HOST:PORT`` (exit 1 on drift).
+"""Operator CLI: ``python -m qwen_vllm_ext.usage report [--by key|model|day] [--json|--csv] ...``,
+``python -m qwen_vllm_ext.usage report --requests [--key ID] [--model NAME] [--limit N] ...`` (one row per request,
+newest first) and ``python -m qwen_vllm_ext.usage reconcile --url http://HOST:PORT`` (exit 1 on drift).
 
 The ledger defaults come from the settings (``Settings.current()``): backend ``ledger_backend``
 (``sqlite``), Redis URL ``ledger_redis_url``, SQLite file ``<data_dir>/ledger.sqlite3``; flags override.
-``--days N`` means the current UTC day and the N-1 before it. Subcommands: add a parser in
-:func:`build_parser` and a handler in ``COMMANDS``.
+``--days N`` means the current UTC day and the N-1 before it; ``--since``/``--until`` take an ISO date/time or an age
+(``15m``, ``2h``, ``1d``: that long before now). Subcommands: add a parser in :func:`build_parser` and a handler in
+``COMMANDS``.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import csv
 import datetime as dt
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Callable
@@ -21,22 +24,45 @@ from typing import Any, Callable
 from qwen_v3_calculator.billing import usd
 
 from qwen_vllm_ext.store import locations
-from qwen_vllm_ext.usage.ledger import (DAILY_FIELDS, MICRO, LedgerUnavailable, REPORT_BY, SqliteLedgerStore,
-                                        open_store)
+from qwen_vllm_ext.usage.ledger import (DAILY_FIELDS, MICRO, LedgerRecord, LedgerUnavailable, REPORT_BY,
+                                        SqliteLedgerStore, open_store)
 
 FAILURE = 2
+DEFAULT_LIMIT = 100  # report --requests
+_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_AGE_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_time(text: str) -> float:
-    """ISO 8601 date or datetime (naive = UTC) -> unix seconds."""
+def parse_time(text: str, now: float | None = None) -> float:
+    """ISO 8601 date or datetime (naive = UTC), or an age before ``now`` (``90s``, ``15m``, ``2h``, ``1d``,
+    ``1w``) -> unix seconds."""
+    age = _AGE.fullmatch(text.strip())
+    if age:
+        return (time.time() if now is None else now) - float(age[1]) * _AGE_UNIT_S[age[2]]
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO date/time: {text!r} (e.g. 2025-01-31 or "
-                                         "2025-01-31T12:00:00+00:00)") from None
+        raise argparse.ArgumentTypeError(f"not an ISO date/time nor an age: {text!r} (e.g. 2025-01-31, "
+                                         "2025-01-31T12:00:00+00:00, 15m, 2h or 1d)") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     return when.timestamp()
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def iso_utc(ts: float) -> str:
+    """Unix seconds -> ISO 8601 UTC with milliseconds, e.g. ``2025-03-01T12:00:00.250Z``."""
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def days_since(days: int, now: float | None = None) -> float:
@@ -83,22 +109,77 @@ def money(row: dict[str, Any]) -> list[str]:
     return [billed(row["billed_micro"]), usd(row["cost_pico_usd"])]
 
 
-def format_table(by: str, rows: list[dict[str, Any]]) -> str:
-    total = {f: sum(r[f] for r in rows) for f in DAILY_FIELDS}
-    head = [by, *COUNTS, "billed", "cost_usd"]
-    body = [[str(r[by]) or "-", *(str(r[f]) for f in COUNTS), *money(r)] for r in rows]
-    foot = ["TOTAL", *(str(total[f]) for f in COUNTS), *money(total)]
-    widths = [max(len(line[i]) for line in [head, *body, foot]) for i in range(len(head))]
+def render_table(head: list[str], body: list[list[str]], foot: list[str] | None = None, left: int = 1) -> str:
+    """Aligned columns: the first ``left`` left-justified, the rest right-justified; a rule under the head (and above
+    the foot)."""
+    lines = [head, *body, *([foot] if foot else [])]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
 
     def fmt(line: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([fmt(head), rule, *map(fmt, body), rule, fmt(foot)])
+    return "\n".join([fmt(head), rule, *map(fmt, body), *([rule, fmt(foot)] if foot else [])])
+
+
+def format_table(by: str, rows: list[dict[str, Any]]) -> str:
+    total = {f: sum(r[f] for r in rows) for f in DAILY_FIELDS}
+    return render_table([by, *COUNTS, "billed", "cost_usd"],
+                        [[str(r[by]) or "-", *(str(r[f]) for f in COUNTS), *money(r)] for r in rows],
+                        ["TOTAL", *(str(total[f]) for f in COUNTS), *money(total)])
+
+
+# report --requests: the row of one record (JSON keeps the integer billed_micro and cost_pico_usd, as report --json).
+REQUEST_TEXT = ("request_id", "received_at", "key", "model", "status")
+REQUEST_NUMBERS = ("http_status", "latency_s", "prompt_tokens", "cached_tokens", "completion_tokens",
+                   "reasoning_tokens")
+REQUEST_FIELDS = (*REQUEST_TEXT, *REQUEST_NUMBERS, "billed_micro", "cost_pico_usd")
+
+
+def request_row(r: LedgerRecord) -> dict[str, Any]:
+    """One request as ``report --requests`` shows it: ``received_at`` ISO UTC, ``key`` '' without an API key."""
+    return {"request_id": r.request_id, "received_at": iso_utc(r.received_at), "key": r.api_key_id or "",
+            "model": r.model, "status": r.status, "http_status": r.http_status, "latency_s": r.latency_s,
+            **{f: getattr(r, f) for f in REQUEST_NUMBERS[2:]}, "billed_micro": r.billed_total_micro,
+            "cost_pico_usd": r.cost_pico_usd}
+
+
+def request_cells(row: dict[str, Any]) -> list[str]:
+    """Table and CSV cells of a :func:`request_row` (billed exact, cost rounded as in the report)."""
+    return [*(str(row[f]) for f in REQUEST_TEXT), str(row["http_status"]), f"{row['latency_s']:.3f}",
+            *(str(row[f]) for f in REQUEST_NUMBERS[2:]), *money(row)]
+
+
+def format_requests(rows: list[dict[str, Any]]) -> str:
+    return render_table([*REQUEST_TEXT, *REQUEST_NUMBERS, "billed", "cost_usd"],
+                        [[c or "-" for c in request_cells(r)] for r in rows], left=len(REQUEST_TEXT))
+
+
+def report_requests(args: argparse.Namespace, since: float | None) -> int:
+    """``report --requests``: the newest ``--limit`` records of the window (finished_at, as the grouped report)."""
+    store = open_from_args(args)
+    try:
+        records = store.requests(since=since, until=args.until, api_key_id=args.key, model=args.model,
+                                 limit=args.limit, include_probes=args.include_probes)
+    finally:
+        store.close()
+    rows = [request_row(r) for r in records]
+    if args.json:
+        print(json.dumps({"since": since, "until": args.until, "key": args.key, "model": args.model,
+                          "limit": args.limit, "rows": rows}, indent=2))
+    elif args.csv:
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow([*REQUEST_TEXT, *REQUEST_NUMBERS, "billed", "cost_usd"])
+        out.writerows(request_cells(r) for r in rows)
+    else:
+        print(format_requests(rows))
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     since = days_since(args.days) if args.days is not None else args.since
+    if args.requests:
+        return report_requests(args, since)
     store = open_from_args(args)
     try:
         rows = store.report(by=args.by, since=since, until=args.until, include_probes=args.include_probes)
@@ -160,16 +241,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m qwen_vllm_ext.usage",
                                      description="Usage ledger tools of qwen-vllm-ext.")
     sub = parser.add_subparsers(dest="command", required=True)
-    rep = sub.add_parser("report", help="usage and billed units per API key, model or UTC day")
-    rep.add_argument("--by", choices=sorted(REPORT_BY), default="key")
+    rep = sub.add_parser("report", help="usage and billed units per API key, model or UTC day; or per request "
+                         "(--requests)")
+    rep.add_argument("--by", choices=sorted(REPORT_BY), help="group by (default: key; not with --requests)")
+    rep.add_argument("--requests", action="store_true",
+                     help="one row per request, newest first (by finished_at): request id, received_at, key, model, "
+                     "status, HTTP status, latency, tokens, billed units and cost")
+    rep.add_argument("--key", help="--requests: only this API key id ('' = requests without a key)")
+    rep.add_argument("--model", help="--requests: only this model")
+    rep.add_argument("--limit", type=positive_int,
+                     help=f"--requests: at most N rows, the newest (default {DEFAULT_LIMIT})")
     rep.add_argument("--include-probes", action="store_true",
                      help="count the doctor's health probes (request ids qwen-doctor-*) too")
     window = rep.add_mutually_exclusive_group()
-    window.add_argument("--since", type=parse_time, help="ISO date/time (UTC if no zone); finished_at >= since")
+    window.add_argument("--since", type=parse_time, help="ISO date/time (UTC if no zone) or an age (15m, 2h, 1d: "
+                        "that long ago); finished_at >= since")
     window.add_argument("--days", type=int, help="today (UTC) and the N-1 days before")
-    rep.add_argument("--until", type=parse_time, help="ISO date/time; finished_at < until")
+    rep.add_argument("--until", type=parse_time, help="ISO date/time or an age; finished_at < until")
     fmt = rep.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="JSON object: rows and total (billed_micro integers)")
+    fmt.add_argument("--json", action="store_true", help="JSON object: rows and total (billed_micro integers; "
+                     "--requests: rows only)")
     fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
     add_store_args(rep)
     rec = sub.add_parser("reconcile", help="compare ledger totals with a running server's Prometheus counters")
@@ -182,8 +273,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options of ``report`` that go together (an argparse error, exit 2, otherwise); fills in the defaults."""
+    if args.requests:
+        if args.by is not None:
+            parser.error("argument --by: not allowed with --requests (one row per request)")
+        args.limit = DEFAULT_LIMIT if args.limit is None else args.limit
+    else:
+        for flag in ("key", "model", "limit"):
+            if getattr(args, flag) is not None:
+                parser.error(f"argument --{flag}: only with --requests")
+        args.by = args.by or "key"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "report":
+        check_report(parser, args)
     if getattr(args, "days", None) is not None and args.days < 1:
         print("error: --days must be at least 1", file=sys.stderr)
         return FAILURE

@@ -2,6 +2,7 @@
 spike breaker, clean errors for bad input; on SQLite, and with two API-server processes sharing Redis."""
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -225,22 +226,42 @@ def test_budget_exhaustion_is_insufficient_quota(gw):
 
 
 def test_spike_breaker_suspends_the_key(gw):
+    """A key with a previous day of history (backdated in the real key store) whose 15-minute use passes the floor
+    (this server: 400 units; its previous day: nothing) is suspended: 403 api_key_suspended with the time it lifts
+    and Retry-After; `keys update --unsuspend` lifts it. A new key doing the same is never checked."""
+    import dataclasses
+
+    from qwen_vllm_ext.keys.stores import SqliteKeyStore
+
     server, data = gw
     key = make_key(data, "--name", "spiky")
+    fresh = make_key(data, "--name", "fresh")
+    store = SqliteKeyStore(str(data / "ledger.sqlite3"))
+    store._mutate(key["key"]["key_id"], lambda k: dataclasses.replace(k, created_at=k.created_at - 3 * 86400))
     client = httpx.Client(base_url=server.base_url, timeout=120)
-    # threshold: 3 x max(baseline 0, floor 400 units) = 1200 units per 15 min; each request ~ 280 units
+    # threshold: max(10 x baseline 0, floor 400 units, no limits) = 400 units per 15 min; each request ~ 279 units
     codes = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         r = chat(client, key["secret"], max_tokens=200)
         codes.append(r.status_code)
         if r.status_code == 403:
-            assert r.json()["error"]["code"] == "api_key_suspended"
+            error = r.json()["error"]
+            assert error["code"] == "api_key_suspended" and error["type"] == "permission_error"
+            assert "suspended until 20" in error["message"] and "usage spike" in error["message"]
+            assert 800 <= int(r.headers["retry-after"]) <= 900
             break
         time.sleep(0.2)
-    assert codes[-1] == 403 and 4 <= codes.index(403) <= 7
+    assert codes[-1] == 403 and 2 <= codes.index(403) <= 8, codes
     metrics = client.get("/metrics").text
     assert "qwen_ext_keys_suspended_total 1.0" in metrics
+    assert all(chat(client, fresh["secret"], max_tokens=200).status_code == 200 for _ in range(5))
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.keys", "update", key["key"]["key_id"], "--unsuspend"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "QWEN_VLLM_EXT_DATA_DIR": str(data)})
+    assert proc.returncode == 0 and re.search(r"status\s+active", proc.stdout), proc.stdout + proc.stderr
+    time.sleep(1.2)  # the key cache reads the store's version at most every 0.5 s
+    assert chat(client, key["secret"], max_tokens=1).status_code == 200
 
 
 def test_bad_input_suite(gw):

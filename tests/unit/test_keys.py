@@ -8,6 +8,7 @@ import hmac
 import itertools
 import json
 import os
+import re
 import sqlite3
 import stat
 import subprocess
@@ -357,3 +358,27 @@ def test_cli_redis_backend(cli_env, redis_server):
     assert p.returncode == 0 and "bob" in p.stdout and out["secret"][8:] not in p.stdout
     p = run_cli(cli_env, "list", "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
     assert p.returncode == 2 and "cannot reach" in p.stderr
+
+
+def test_spike_breaker_exemption_on_create_update_show_and_the_cli(store, cli_env):
+    """An aggregator's key is created exempt (``--no-spike-breaker``); the flag shows, updates, and is a bool only."""
+    secret, key = store.create("agg", spike_breaker=False)
+    assert key.spike_breaker is False and store.get(key.key_id).spike_breaker is False
+    assert store.update(key.key_id, spike_breaker=True).spike_breaker is True
+    with pytest.raises(ValueError, match="spike_breaker must be true or false"):
+        store.update(key.key_id, spike_breaker="no")
+    _, plain = store.create("plain")
+    assert plain.spike_breaker is True
+    p = run_cli(cli_env, "create", "--name", "openrouter", "--no-spike-breaker", "--json")
+    made = json.loads(p.stdout)["key"]
+    assert made["spike_breaker"] is False
+    p = run_cli(cli_env, "show", made["key_id"])
+    assert re.search(r"spike_breaker\s+exempt", p.stdout), p.stdout
+    p = run_cli(cli_env, "update", made["key_id"], "--spike-breaker", "--suspend-until", "1h", "--suspend-reason",
+                "usage spike")
+    assert re.search(r"spike_breaker\s+on", p.stdout) and "--unsuspend" in p.stdout, p.stdout
+
+
+def test_unsuspend_of_an_unknown_key_is_a_clear_error(cli_env):
+    p = run_cli(cli_env, "update", "k_doesnotexist", "--unsuspend")
+    assert p.returncode != 0 and "no API key with id 'k_doesnotexist'" in p.stderr, (p.returncode, p.stderr)

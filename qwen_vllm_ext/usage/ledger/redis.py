@@ -7,7 +7,7 @@ from typing import Any
 
 from ...store.redis import connect
 from .record import DAILY_FIELDS, LedgerRecord, LedgerUnavailable
-from .report import Reports, _empty_totals, _totals_of
+from .report import Reports, _check_limit, _empty_totals, _totals_of
 
 # ARGV: prefix, then per record: id, json, finished_at, instance, api_key ('' = none), day, model, status,
 # daily hash name (``qve:daily:<day>:<key>:<model>``, ':' and '%' in key/model percent-encoded), prompt,
@@ -70,6 +70,34 @@ class RedisLedgerStore(Reports):
                     rec = LedgerRecord.from_dict(json.loads(blob))
                     if instance_id is None or rec.instance_id == instance_id:
                         out.append(rec)
+        return out
+
+    def requests(self, since=None, until=None, api_key_id=None, model=None, limit=100,
+                 include_probes=False) -> list[LedgerRecord]:
+        _check_limit(limit)
+        lo = "-inf" if since is None else repr(float(since))
+        hi = "+inf" if until is None else "(" + repr(float(until))
+        # Newest first (equal scores: request ids descending, as SQLite orders them), one page of ids at a time until
+        # `limit` records pass the filters. A record written meanwhile shifts the pages: `seen` drops the repeats.
+        page = min(max(limit, 100), 1000)
+        out: list[LedgerRecord] = []
+        seen: set[str] = set()
+        start = 0
+        while len(out) < limit:
+            ids = self._r.zrevrangebyscore(self.prefix + "by_finished", hi, lo, start=start, num=page)
+            start += len(ids)
+            for blob in self._r.mget([self.prefix + "req:" + x for x in ids]) if ids else ():
+                rec = LedgerRecord.from_dict(json.loads(blob)) if blob else None
+                if rec is None or rec.request_id in seen:
+                    continue
+                seen.add(rec.request_id)
+                if (api_key_id is None or (rec.api_key_id or "") == api_key_id) \
+                        and (model is None or rec.model == model) and (include_probes or not rec.probe):
+                    out.append(rec)
+                    if len(out) == limit:
+                        break
+            if len(ids) < page:
+                break
         return out
 
     def totals(self, instance_id=None, since=None) -> dict[str, Any]:

@@ -67,6 +67,11 @@ def _check_by(by: str) -> None:
         raise ValueError(f"report by must be one of {sorted(REPORT_BY)}, got {by!r}")
 
 
+def _check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"requests limit must be a positive integer, got {limit!r}")
+
+
 @runtime_checkable
 class LedgerStore(Protocol):
     """What every ledger backend provides (identical semantics). Time ranges: ``since <= finished_at < until``."""
@@ -86,6 +91,13 @@ class LedgerStore(Protocol):
     def records(self, since: float | None = None, until: float | None = None,
                 instance_id: str | None = None) -> list[LedgerRecord]:
         """Records ordered by (finished_at, request_id)."""
+
+    def requests(self, since: float | None = None, until: float | None = None, api_key_id: str | None = None,
+                 model: str | None = None, limit: int = 100, include_probes: bool = False) -> list[LedgerRecord]:
+        """The newest ``limit`` records (ordered by (finished_at, request_id), descending) of the window, of one API key
+        (``''`` = requests without a key) and/or one model when given; health probes left out unless
+        ``include_probes``. Reads only as far back as the rows it returns (SQLite: the ``finished_at`` index; Redis:
+        ``by_finished`` newest first, page by page)."""
 
     def totals(self, instance_id: str | None = None, since: float | None = None) -> dict[str, Any]:
         """``requests``, token sums, ``billed_micro`` and ``by_status`` (every status, 0 included)."""

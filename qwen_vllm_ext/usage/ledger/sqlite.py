@@ -7,8 +7,8 @@ import sqlite3
 from typing import Any, Iterable
 
 from ...store.sqlite import Database, apply_schema
-from .record import DAILY_FIELDS, TOTAL_FIELDS, LedgerRecord, LedgerUnavailable
-from .report import Reports, _empty_totals
+from .record import DAILY_FIELDS, PROBE_PREFIX, TOTAL_FIELDS, LedgerRecord, LedgerUnavailable
+from .report import Reports, _check_limit, _empty_totals
 
 _COLUMNS = [f.name for f in dataclasses.fields(LedgerRecord)]
 _SCHEMA = """
@@ -101,10 +101,12 @@ class SqliteLedgerStore(Reports):
         return self._sql.query(sql, args)
 
     @staticmethod
-    def _where(since: float | None, until: float | None, instance_id: str | None) -> tuple[str, list]:
+    def _where(since: float | None, until: float | None, instance_id: str | None,
+               *more: tuple[str, Any]) -> tuple[str, list]:
+        """A WHERE clause of the window, the instance and ``more`` (condition, value) pairs; None values left out."""
         conds, args = [], []
         for cond, value in (("finished_at >= ?", since), ("finished_at < ?", until),
-                            ("instance_id = ?", instance_id)):
+                            ("instance_id = ?", instance_id), *more):
             if value is not None:
                 conds.append(cond)
                 args.append(value)
@@ -118,6 +120,18 @@ class SqliteLedgerStore(Reports):
         where, args = self._where(since, until, instance_id)
         rows = self._query(f"SELECT {', '.join(_COLUMNS)} FROM requests{where} "
                            f"ORDER BY finished_at, request_id", args)
+        return [_row_to_record(r) for r in rows]
+
+    def requests(self, since=None, until=None, api_key_id=None, model=None, limit=100,
+                 include_probes=False) -> list[LedgerRecord]:
+        _check_limit(limit)
+        # Walks the finished_at index newest first and stops after `limit` matching rows.
+        where, args = self._where(since, until, None, ("COALESCE(api_key_id, '') = ?", api_key_id),
+                                  ("model = ?", model),
+                                  (f"substr(request_id, 1, {len(PROBE_PREFIX)}) <> ?",
+                                   None if include_probes else PROBE_PREFIX))
+        rows = self._query(f"SELECT {', '.join(_COLUMNS)} FROM requests{where} "
+                           f"ORDER BY finished_at DESC, request_id DESC LIMIT ?", [*args, limit])
         return [_row_to_record(r) for r in rows]
 
     def totals(self, instance_id=None, since=None) -> dict[str, Any]:
