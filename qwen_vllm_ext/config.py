@@ -32,6 +32,9 @@ SECRET_FIELDS = ("gateway_secret", "admin_key", "metrics_key", "spike_webhook")
 URL_FIELDS = ("ledger_redis_url", "limiter_redis_url")
 
 
+REASONING_FIELDS = ("reasoning", "reasoning_content", "both")
+
+
 class SettingsError(ValueError):
     """A setting has an unknown name or a value of the wrong type."""
 
@@ -58,6 +61,11 @@ class Settings:
     # ---- usage ---------------------------------------------------------------------------------
     per_chunk_usage: bool = True
     """Every streamed chunk carries cumulative usage (with cached tokens and billing); false = vLLM's stock behaviour."""
+    reasoning_field: str = "both"
+    """The field a chat response carries thinking in: ``reasoning`` (vLLM's name, OpenRouter's), ``reasoning_content``
+    (DeepSeek's and DashScope's, which LiteLLM and many SDK clients read) or ``both`` (the same text under each name,
+    message and stream delta). Written by the per_chunk_usage layer: with per_chunk_usage=false responses are vLLM's
+    own (``reasoning`` only)."""
     billing_policy: str = "default"
     """Billing policy preset of qwen_v3_calculator used for ``usage.billing`` and the ledger."""
     ledger: bool = True
@@ -286,6 +294,9 @@ class Settings:
         if not 1 <= settings.spike_cooldown_s < float("inf"):
             raise SettingsError(f"setting 'spike_cooldown_s' must be a finite number of seconds >= 1, got "
                                 f"{settings.spike_cooldown_s}")
+        if settings.reasoning_field not in REASONING_FIELDS:
+            raise SettingsError(f"setting 'reasoning_field' must be one of {', '.join(REASONING_FIELDS)}, got "
+                                f"{settings.reasoning_field!r}")
         if settings.spike_webhook and not settings.spike_webhook.startswith(("http://", "https://")):
             raise SettingsError(f"setting 'spike_webhook' must be an http(s) URL, got {settings.spike_webhook!r}")
         return settings

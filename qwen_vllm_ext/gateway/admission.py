@@ -17,7 +17,7 @@ import math
 from qwen_v3_calculator.hygiene import sanitize
 
 from ..common.client_strings import (MAX_ID_CHARS, MAX_MODEL_CHARS, BadClientString, check_label,
-                                     find_lone_surrogate, find_unsafe_number, may_hold_surrogates)
+                                     find_lone_surrogate, find_unsafe_number, may_hold_surrogates, printable)
 from .request_fields import TEMPLATE_KWARGS, rejected_field, unknown_fields
 
 GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/messages": "messages"}
@@ -266,11 +266,16 @@ def check_fields(body: dict, kind: str, served: Served) -> None:
         name, reason = rejected
         raise Rejection(400, "unsupported_parameter", f"'{name}' is not supported through the gateway: {reason}",
                         param=name)
-    unknown = unknown_fields(body, kind, served.engine_fields.get(kind))
+    unclassified, unknown = unknown_fields(body, kind, served.engine_fields.get(kind))
+    if unclassified:
+        raise Rejection(400, "unsupported_parameter", f"{unclassified} cannot be counted by the gateway: this vLLM "
+                        "reads them but the gateway does not know their effect on the prompt yet; leave them out",
+                        param=unclassified[0])
     if unknown:
-        raise Rejection(400, "unsupported_parameter", f"{unknown} cannot be counted by the gateway: this vLLM reads "
-                        "them but the gateway does not know their effect on the prompt yet; leave them out",
-                        param=unknown[0])
+        shown = ", ".join(repr(printable(k[:MAX_ID_CHARS])) for k in unknown[:5])
+        raise Rejection(400, "unknown_parameter", f"unrecognized request field{'s' if len(unknown) > 1 else ''} "
+                        f"{shown}: not a field of {kind} requests on this server (docs/gateway.md, 'Request "
+                        "fields'); check the spelling or leave it out", param=unknown[0][:MAX_ID_CHARS])
 
 
 def admit(body: dict, kind: str, key, served: Served, over_cap: str = "reject", clean: bool = True,

@@ -168,6 +168,8 @@ class GatewayMiddleware:
         server = server_context(scope["app"])
         served = server.admission  # the served model's calculator, context, names
         kind = GENERATION_PATHS.get(path)
+        if kind is not None and scope.get("method") != "POST":
+            return await self.app(scope, receive, send)  # authenticated; the route answers 405, nothing runs
         if kind is None:
             if scope.get("method") == "GET" and path == MODELS_PATH and key.models:
                 return await self.app(scope, receive, _models_filter(send, key))

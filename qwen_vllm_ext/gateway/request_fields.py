@@ -71,6 +71,20 @@ MESSAGES_FIELDS: dict[str, str] = {
 
 FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "messages": MESSAGES_FIELDS}
 
+_OPENAI_IGNORED = ("store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key")
+_OPENROUTER_IGNORED = ("provider", "transforms", "route", "models", "usage")
+IGNORED: dict[str, frozenset] = {
+    "chat": frozenset(_OPENAI_IGNORED + _OPENROUTER_IGNORED),
+    "completion": frozenset(_OPENAI_IGNORED + _OPENROUTER_IGNORED),
+    "messages": frozenset(("service_tier",)),
+}
+"""Fields a request may carry that neither vLLM nor the gateway reads, accepted and ignored (docs/gateway.md):
+OpenAI's bookkeeping fields (``store``, ``metadata``, ``service_tier``, ``safety_identifier``, ``prompt_cache_key``:
+the OpenAI SDK sends them) and an aggregator's routing fields (OpenRouter's ``provider``, ``transforms``, ``route``,
+``models``, ``usage``: usage is on every response anyway). **The rule**: with the gateway on, any other field that is
+not in the request tables above is refused with 400 ``unknown_parameter`` naming it -- a misspelt ``max_token`` or a
+field another server reads (``reasoning``, ``functions``) never passes silently."""
+
 REJECT_REASONS = {
     "use_beam_search": "beam search runs a variable number of engine sequences whose tokens usage does not "
                        "report, so no exact reservation exists; use n (parallel sampling) instead",
@@ -97,9 +111,10 @@ def rejected_field(body: dict, kind: str) -> tuple[str, str] | None:
     return None
 
 
-def unknown_fields(body: dict, kind: str, engine_fields: frozenset | None) -> list[str]:
-    """Fields the body sets that the installed vLLM reads but this table does not classify."""
-    if not engine_fields:
-        return []
-    table = FIELDS[kind]
-    return sorted(k for k in body if k in engine_fields and k not in table)
+def unknown_fields(body: dict, kind: str, engine_fields: frozenset | None) -> tuple[list[str], list[str]]:
+    """(fields the installed vLLM reads but this table does not classify, fields nobody here reads and
+    :data:`IGNORED` does not list): both refused."""
+    table, ignored = FIELDS[kind], IGNORED[kind]
+    unclassified = sorted(k for k in body if engine_fields and k in engine_fields and k not in table)
+    unknown = sorted(k for k in body if k not in table and k not in ignored and not (engine_fields and k in engine_fields))
+    return unclassified, unknown

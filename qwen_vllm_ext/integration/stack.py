@@ -1,6 +1,7 @@
 """The extension's ASGI middlewares in an API-server process, in one declared order.
 
-``LAYERS`` lists them outermost first: SSE keep-alives (with ``sse_keepalive_s``: outside everything, so no layer
+``LAYERS`` lists them outermost first: the error shape (every error response of every route, vLLM's included, in
+one OpenAI shape with a string code: ``common/errors.py``), SSE keep-alives (with ``sse_keepalive_s``: outside everything, so no layer
 sees the comments), the usage ledger (which records every request, the gateway's rejections included), the gateway
 (keys, limits, exact admission, capacity 429s), the OpenRouter listing (with ``openrouter``: inside the gateway, which
 authenticates it and applies key scopes), then the KV-reuse middleware (conversation ids, idle sleep; gateway
@@ -8,11 +9,11 @@ rejections never wake the engine), then vLLM's own app.
 """
 from __future__ import annotations
 
-LAYERS = ("keepalive", "usage", "gateway", "listing", "kv")  # outermost first
+LAYERS = ("errors", "keepalive", "usage", "gateway", "listing", "kv")  # outermost first
 
 
 def _enabled(settings, ledger: bool) -> dict[str, bool]:
-    return {"keepalive": settings.sse_keepalive_s > 0, "usage": ledger, "gateway": bool(settings.gateway),
+    return {"errors": True, "keepalive": settings.sse_keepalive_s > 0, "usage": ledger, "gateway": bool(settings.gateway),
             "listing": bool(settings.openrouter), "kv": True}
 
 
@@ -32,7 +33,10 @@ def attach(app, settings, ledger: bool) -> tuple[list[str], list]:
     from ..provider import server as provider_server
     from ..usage import server as usage_server
 
-    attach_fns = {"keepalive": provider_server.attach_keepalive, "usage": usage_server.attach,
+    from ..common.errors import ErrorShapeMiddleware
+
+    attach_fns = {"errors": lambda app, settings: app.add_middleware(ErrorShapeMiddleware),
+                  "keepalive": provider_server.attach_keepalive, "usage": usage_server.attach,
                   "gateway": gateway_server.attach, "listing": provider_server.attach_listing, "kv": kv_server.attach}
     added = [name for name in LAYERS if enabled[name]]
     routers = []

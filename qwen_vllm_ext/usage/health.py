@@ -26,7 +26,7 @@ class LedgerHealthGate:
         body = json.dumps({"error": {
             "message": f"the usage-ledger writer of this process stopped ({self.writer.stopped_reason}); its records "
                        f"are spilled to {self.writer.spill_dir} and replayed at the next start: restart the server",
-            "type": "service_unavailable", "code": "ledger_writer_stopped"}}).encode()
+            "type": "server_error", "code": "ledger_writer_stopped"}}).encode()
         await send({"type": "http.response.start", "status": 503,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else body})

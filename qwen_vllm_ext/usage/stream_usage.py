@@ -86,8 +86,20 @@ def complete_usage(usage, cached_tokens, reasoning, policy, prices=None, details
             usage.cost = figures["cost"]
 
 
-def rewrite_sse(event: str, cached_tokens, policy, reasoning=None, prices=None) -> str:
-    """Add cached tokens and billing to the ``usage`` of one ``data: {...}\\n\\n`` event (others unchanged).
+def name_reasoning(holder, field: str) -> bool:
+    """Put a message's or delta's ``reasoning`` text under ``field`` (``reasoning``, ``reasoning_content`` or
+    ``both``: the setting reasoning_field). True when ``holder`` changed."""
+    if field == "reasoning" or not isinstance(holder, dict) or holder.get("reasoning") is None:
+        return False
+    holder["reasoning_content"] = holder["reasoning"]
+    if field == "reasoning_content":
+        del holder["reasoning"]
+    return True
+
+
+def rewrite_sse(event: str, cached_tokens, policy, reasoning=None, prices=None, reasoning_field="reasoning") -> str:
+    """Add cached tokens and billing to the ``usage`` of one ``data: {...}\\n\\n`` event, and name its deltas'
+    thinking as ``reasoning_field`` says (other events unchanged).
 
     ``cached_tokens``: an int, None (leave as is) or a callable ``chunk -> int | None`` for endpoints whose
     chunks carry per-prompt usage (completions with several prompts). Never more than the chunk's prompt.
@@ -99,9 +111,18 @@ def rewrite_sse(event: str, cached_tokens, policy, reasoning=None, prices=None) 
         chunk = json.loads(body)
     except ValueError:
         return event
-    usage = chunk.get("usage")
+    if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):  # an error event: the one error shape
+        from ..common.errors import normalize
+
+        code = chunk["error"].get("code")
+        fixed = normalize(code if isinstance(code, int) and 400 <= code <= 599 else 500, chunk)
+        return event if fixed is None else "data: " + json.dumps(fixed, ensure_ascii=False) + "\n\n"
+    renamed = False
+    for choice in (chunk.get("choices") or []) if isinstance(chunk, dict) else ():
+        renamed |= name_reasoning(choice.get("delta") if isinstance(choice, dict) else None, reasoning_field)
+    usage = chunk.get("usage") if isinstance(chunk, dict) else None
     if not isinstance(usage, dict):
-        return event
+        return "data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")) + "\n\n" if renamed else event
     if callable(cached_tokens):
         cached_tokens = cached_tokens(chunk)
     if cached_tokens is not None:
@@ -130,6 +151,7 @@ def install(settings) -> bool:
         return True
     policy = get_policy(settings.billing_policy)
     prices = settings.prices()
+    reasoning_field = settings.reasoning_field
 
     def force_usage(stream_options, enable_force_include_usage):
         return True, True
@@ -170,7 +192,7 @@ def install(settings) -> bool:
             return counter.at(sent) if isinstance(sent, int) else counter.count
 
         async for event in original_chat(self, request, tap(), *args, **kwargs):
-            yield rewrite_sse(event, seen.get("cached"), policy, reasoning_for, prices)
+            yield rewrite_sse(event, seen.get("cached"), policy, reasoning_for, prices, reasoning_field)
 
     completion_cls = completion_serving.OpenAIServingCompletion
     original_completion = completion_cls.completion_stream_generator
@@ -220,6 +242,13 @@ def install(settings) -> bool:
                 reasoning = sum(reasoning_tokens(res.prompt_token_ids or (), out.token_ids, *markers)
                                 for out in res.outputs)
             complete_usage(usage, res.num_cached_tokens or 0, reasoning, policy, prices, PromptTokenUsageInfo)
+        if reasoning_field != "reasoning":
+            for choice in getattr(response, "choices", None) or ():
+                message = getattr(choice, "message", None)
+                if message is not None and getattr(message, "reasoning", None) is not None:
+                    message.reasoning_content = message.reasoning  # an extra field (vLLM's models allow them)
+                    if reasoning_field == "reasoning_content":
+                        message.reasoning = None
         return response
 
     original_completion_full = completion_cls.request_output_to_completion_response

@@ -614,6 +614,50 @@ def test_every_request_field_alone_and_in_mixed_batches_keeps_the_engine_up(gw):
     print(sweep(server.base_url, new_key, SERVED_NAME, per_key=25))
 
 
+def test_every_error_of_every_route_has_the_one_shape(gw):
+    """Issue 47: the gateway's errors, vLLM's (unknown model, context overflow, bad token ids, /tokenize), Starlette's
+    (unknown route, wrong method) and the admin routes' all come as {"error": {message, type, param, code}} with a
+    string code and a type from the documented vocabulary (docs/gateway.md, 'Errors')."""
+    from qwen_vllm_ext.common.errors import TYPES
+
+    server, data = gw
+    secret = make_key(data, "--name", "errors")["secret"]
+    c = httpx.Client(base_url=server.base_url, timeout=120)
+    good = {"model": SERVED_NAME, "messages": HI, "max_tokens": 2}
+    cases = {
+        "no key": ("POST", "/v1/chat/completions", {}, good, 401, "invalid_api_key"),
+        "wrong key": ("POST", "/v1/chat/completions", auth("qve-" + "x" * 43), good, 401, "invalid_api_key"),
+        "unknown model (vLLM)": ("POST", "/v1/chat/completions", auth(secret), {**good, "model": "gpt-9"}, 404,
+                                 "model_not_found"),
+        "over the context": ("POST", "/v1/chat/completions", auth(secret), {**good, "max_tokens": 10**6}, 400, None),
+        "unknown field": ("POST", "/v1/chat/completions", auth(secret), {**good, "frobnicate": True}, 400,
+                          "unknown_parameter"),
+        "bad JSON": ("POST", "/v1/chat/completions", auth(secret), b"{not json", 400, None),
+        "token id out of the vocabulary (vLLM)": ("POST", "/v1/completions", auth(secret),
+                                                  {"model": SERVED_NAME, "prompt": [10**7], "max_tokens": 1}, 400,
+                                                  None),
+        "unknown route": ("GET", "/v1/nowhere", auth(secret), None, 404, "not_found"),
+        "wrong method": ("GET", "/v1/chat/completions", auth(secret), None, 405, "method_not_allowed"),
+        "refused route": ("POST", "/v1/responses", auth(secret), {"model": SERVED_NAME, "input": "hi"}, 403, None),
+        "bad admin key": ("GET", "/qwen_ext/admin/keys", auth("nope"), None, 401, None),
+        "/tokenize without a prompt (vLLM)": ("POST", "/tokenize", auth(secret), {"model": SERVED_NAME}, 400, None),
+    }
+    seen = {}
+    for name, (method, path, headers, body, status, code) in cases.items():
+        kwargs = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
+        r = c.request(method, path, headers={**headers, "content-type": "application/json"}, **kwargs)
+        err = r.json().get("error")
+        seen[name] = (r.status_code, err)
+        assert r.status_code == status, (name, r.status_code, r.text[:300])
+        assert isinstance(err, dict) and isinstance(err["message"], str) and err["message"], (name, r.text)
+        assert err["type"] in TYPES and isinstance(err["code"], str) and err["code"], (name, err)
+        assert err.get("param") is None or isinstance(err["param"], str), (name, err)
+        if code:
+            assert err["code"] == code, (name, err)
+    assert seen["unknown field"][1]["param"] == "frobnicate"
+    print({k: (s, e["type"], e["code"]) for k, (s, e) in seen.items()})
+
+
 def _request_field_names():
     from qwen_vllm_ext.gateway.request_fields import CHAT_FIELDS, COMPLETION_FIELDS
 

@@ -125,6 +125,32 @@ def test_reasoning_tokens_are_exact_on_every_chunk_and_in_the_ledger(hybrid, str
                 row["billed_prompt_micro"] + row["billed_completion_micro"]
 
 
+def test_thinking_reads_the_same_under_both_names_with_the_openai_sdk_and_litellm(hybrid):
+    """reasoning_field=both (the default): message.reasoning and message.reasoning_content hold the same text, and
+    every streamed delta carries both (docs/launcher-and-profiles.md). Read by the openai SDK and by LiteLLM."""
+    import litellm
+    import openai
+
+    server, _, key = hybrid
+    sdk = openai.OpenAI(base_url=server.base_url + "/v1", api_key=key)
+    messages = [{"role": "user", "content": "Think about 3 + 4."}]
+    done = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=12)
+    message = done.choices[0].message
+    assert message.reasoning and message.reasoning == message.reasoning_content, message  # extra fields, as attributes
+    thought = {"reasoning": "", "reasoning_content": ""}
+    for chunk in sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, stream=True):
+        for choice in chunk.choices:
+            delta = choice.delta.model_dump()
+            assert delta.get("reasoning") == delta.get("reasoning_content"), delta
+            for name in thought:
+                thought[name] += delta.get(name) or ""
+    assert thought["reasoning"] and thought["reasoning"] == thought["reasoning_content"]
+    via_litellm = litellm.completion(model=f"hosted_vllm/{MODEL}", api_base=server.base_url + "/v1", api_key=key,
+                                     messages=messages, max_tokens=12)
+    assert via_litellm.choices[0].message.reasoning_content, via_litellm.choices[0].message
+    assert via_litellm.usage.completion_tokens == 12
+
+
 def test_thinking_off_counts_no_reasoning(hybrid):
     server, data, key = hybrid
     with client(server, key) as c:

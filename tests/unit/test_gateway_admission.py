@@ -142,7 +142,16 @@ def test_every_reject_field_has_a_reason():
 def test_unclassified_engine_fields_and_template_kwargs_are_refused(served):
     rej = rejection(admit, {"messages": HI, "brand_new_field": 1}, "chat", None, served)
     assert (rej.code, rej.param) == ("unsupported_parameter", "brand_new_field")
-    admit({"messages": HI, "not_a_vllm_field": 1}, "chat", None, served)  # vLLM ignores unknown keys: so do we
+    # one rule for fields nobody reads: refused naming the field, unless IGNORED lists them (OpenAI's and OpenRouter's
+    # bookkeeping and routing fields)
+    rej = rejection(admit, {"messages": HI, "frobnicate": True}, "chat", None, served)
+    assert (rej.status, rej.code, rej.param) == (400, "unknown_parameter", "frobnicate") and "'frobnicate'" in rej.message
+    rej = rejection(admit, {"prompt": "hi", "max_token": 5}, "completion", None, served)
+    assert (rej.code, rej.param) == ("unknown_parameter", "max_token")
+    for field in ("reasoning", "functions", "function_call"):  # read by other servers: never silently dropped
+        assert rejection(admit, {"messages": HI, field: {}}, "chat", None, served).param == field
+    admit({"messages": HI, "store": False, "metadata": {"a": "b"}, "service_tier": "auto", "provider": {"order": []},
+           "usage": {"include": True}, "prompt_cache_key": "k"}, "chat", None, served)
     rej = rejection(admit, {"messages": HI, "chat_template_kwargs": {"tools": []}}, "chat", None, served)
     assert (rej.code, rej.param) == ("unsupported_parameter", "chat_template_kwargs")
 
