@@ -5,6 +5,7 @@ prices ($0.15 / $0.60 per million prompt / completion tokens, cache reads $0.075
 SSE keep-alives every 0.1 s and capacity 429s above 1 s of expected queue wait.
 """
 import json
+import os
 import subprocess
 import sys
 from decimal import Decimal
@@ -37,7 +38,7 @@ def start_early(tmp_path_factory) -> dict:
     refused = Server(["--qwen-openrouter", "true", "--qwen-price-prompt", "0.1", "--qwen-listing-quantization", "fp8"],
                      tmp / "refused.log", data_dir=tmp / "data")
     flags = [f for name, value in PRICES.items() for f in (f"--qwen-{name.replace('_', '-')}", value)]
-    provider = Server(["--model", MODEL, "--qwen-gateway", "true", "--qwen-spike-factor", "0",
+    provider = Server(["--model", MODEL, "--qwen-gateway", "true",  # the spike breaker at its defaults
                        "--qwen-openrouter", "true", *flags, "--qwen-sse-keepalive-s", "0.1",
                        "--qwen-max-queue-wait-s", str(MAX_WAIT_S)],
                       tmp_path_factory.mktemp("logs") / "provider.log", data_dir=tmp_path_factory.mktemp("provider"))
@@ -58,7 +59,7 @@ def refused_server(started):
 def provider(started):
     server = started["provider"]
     server.wait_healthy()
-    key = make_key(server.data_dir, "--name", "openrouter")["secret"]
+    key = make_key(server.data_dir, "--name", "openrouter", "--no-spike-breaker")["secret"]  # as docs/openrouter.md
     with httpx.Client(base_url=server.base_url, timeout=300, headers={"Authorization": f"Bearer {key}"}) as client:
         yield server, server.data_dir, key, client
 
@@ -317,3 +318,11 @@ def test_doctor_checks_the_listing_and_the_usage_fields(provider):
     assert "0.00000015" in checks["openrouter: listing"]["seen"]
     assert checks["openrouter: usage"]["status"] == "PASS", checks["openrouter: usage"]
     assert "openrouter: keep-alives" not in checks and "openrouter: early 429s" not in checks  # both are set here
+    # issue 47: the page followed top to bottom, the doctor included, leaves the key active and the doctor without FAIL
+    assert not [c for c in checks.values() if c["status"] == "FAIL"], [c for c in checks.values()
+                                                                        if c["status"] == "FAIL"]
+    assert checks["api key"]["status"] == "PASS" and checks["gateway: limits"]["status"] == "PASS", checks
+    shown = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.keys", "list", "--json"], capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "QWEN_VLLM_EXT_DATA_DIR": str(server.data_dir)})
+    keys = {k["name"]: k for k in json.loads(shown.stdout)}
+    assert keys["openrouter"]["status"] == "active" and keys["openrouter"]["spike_breaker"] is False
