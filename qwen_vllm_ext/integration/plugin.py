@@ -182,9 +182,11 @@ def _register_collectors() -> None:
     global _collectors_registered
     if not _collectors_registered:
         from ..observability import catalog
+        from ..kv.metrics import KvCollector
         from ..scheduling.metrics import SchedulerCollector
 
         catalog.register_collector(SchedulerCollector())
+        catalog.register_collector(KvCollector())
         catalog.register_collector(ExtensionCollector())
         _collectors_registered = True
 

@@ -20,6 +20,14 @@ tokens it covers exists: always with synchronous scheduling; with async scheduli
 is still a placeholder is skipped. A finished request's last state (the steps never see it) is registered on its
 running block as it is freed.
 
+**One live state per conversation** (issue 48): when a request is freed, the states kept on its prefix before its
+newest one -- the conversation's earlier answer states, its prompt-tail and turn-boundary states -- are superseded:
+the conversation's next turn resumes from the newest. Those nobody holds move to the front of the free queue
+(:func:`demote_superseded`), so under cache pressure they are evicted before any other conversation's entries; they
+stay reachable until then (an edited history still falls back to them). Counters (answer-state copies made, copies
+skipped because free blocks ran low, states demoted) are published once a second for ``/metrics``
+(``kv-<pid>.json``, :mod:`qwen_vllm_ext.kv.metrics`).
+
 Hooks (applied idempotently by the general plugin when ``kv_turn_checkpoints`` is on):
 
 * ``Scheduler.__init__``        -> turns the junction checkpoint on in the scheduler and the Mamba managers when
@@ -42,6 +50,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import os
+import time
 
 from .checkpoints import turn_boundary
 
@@ -136,6 +147,9 @@ def enable(scheduler, settings=None) -> str | None:
     scheduler.mamba_shared_prefix_checkpoint = True
     kvm._qwen_turn_opener = opener
     kvm._qwen_turn_unit = scheduler.hash_block_size
+    stats = dict.fromkeys(STATS, 0)  # one dict per engine, shared by its managers
+    for manager in managers:
+        manager._qwen_kv_stats = stats
     why_not = answer_checkpoints_apply(settings, scheduler.vllm_config.model_config.model)
     if why_not is None and any(m.num_speculative_blocks for m in managers):
         why_not = "speculative decoding (several tokens per step: the unit positions are skipped)"
@@ -199,6 +213,7 @@ def keep_answer_state(manager, request, finished: bool = False):
             kept_block = reuse
         elif pool.get_num_free_blocks() <= max(2, pool.num_gpu_blocks // 32):
             # a fresh block is taken outside the step's allocation: never when it could leave a request short
+            count(manager, "answer_copies_skipped")
             return None
         else:
             kept_block = pool.get_new_blocks(1)[0]
@@ -211,10 +226,70 @@ def keep_answer_state(manager, request, finished: bool = False):
         # cached)
         manager._pending_cow_copies.append((source, kept_block))
         source.ref_cnt += 1
+        count(manager, "answer_copies")
     if key is None:
         return None
     kept[manager.kv_cache_group_id] = (kept_block, key)
     return key
+
+
+STATS = ("answer_copies", "answer_copies_skipped", "states_demoted")
+PUBLISH_EVERY_S = 1.0
+
+
+def count(manager, name: str, n: int = 1) -> None:
+    """Add to this engine's counter ``name`` (:data:`STATS`); published at most once a second."""
+    stats = getattr(manager, "_qwen_kv_stats", None)
+    if stats is None:
+        return
+    stats[name] += n
+    now = time.monotonic()
+    if now - stats.get("_published", -math.inf) >= PUBLISH_EVERY_S:
+        stats["_published"] = now
+        from ..observability import status
+
+        try:
+            status.write_json(f"kv-{os.getpid()}.json", {"pid": os.getpid(), "stats": {
+                k: v for k, v in stats.items() if not k.startswith("_")}})
+        except OSError as exc:  # metrics only: never fail the engine for them
+            logger.debug("qwen-vllm-ext: kv stats not published: %s", exc)
+
+
+def demote_superseded(kvm, request) -> int:
+    """After ``request`` is freed: in each Mamba group with turn checkpoints, the newest state kept on its prefix
+    stays where LRU put it; every older one nobody holds (the conversation's earlier answer states, its prompt-tail and
+    turn-boundary states) moves to the front of the free queue, to be evicted before other conversations' entries.
+    Returns how many moved."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    unit = getattr(kvm, "_qwen_turn_unit", 0)
+    hashes = request.block_hashes
+    if not unit or not hashes:
+        return 0
+    last = min(len(hashes), request.num_computed_tokens // unit)
+    moved = 0
+    for manager in kvm.coordinator.single_type_managers:
+        if not getattr(manager, "shared_prefix_checkpoint", False):  # the Mamba managers enable() turned on
+            continue
+        pool, group = manager.block_pool, manager.kv_cache_group_id
+        newest_seen, stale, ids = False, [], set()
+        for k in range(last, 0, -1):  # newest first: the first state found is the one the next turn resumes from
+            block = pool.cached_block_hash_to_block.get_one_block(make_block_hash_with_group_id(hashes[k - 1], group))
+            if block is None:
+                continue
+            if not newest_seen:
+                newest_seen = True
+                continue
+            if block.ref_cnt == 0 and not block.is_null and block.block_id not in ids:
+                stale.append(block)
+                ids.add(block.block_id)
+        for block in stale:
+            pool.free_block_queue.remove(block)
+        pool.free_block_queue.prepend_n(stale)
+        if stale:
+            count(manager, "states_demoted", len(stale))
+        moved += len(stale)
+    return moved
 
 
 def keep_final_state(kvm, request) -> None:
@@ -331,6 +406,8 @@ def install(settings) -> bool:
         if getattr(self, "_qwen_answer_why_not", "") is None:
             keep_final_state(self, request)
         free(self, request)
+        if getattr(self, "_qwen_turn_opener", None) is not None:
+            demote_superseded(self, request)
 
     Scheduler.__init__ = scheduler_init
     KVCacheManager.get_computed_blocks = get_computed_blocks

@@ -57,6 +57,7 @@ class Metric:
 
 
 _S = "qwen_vllm_ext.scheduling.metrics"
+_KM = "qwen_vllm_ext.kv.metrics"
 _U = "qwen_vllm_ext.usage.metrics"
 _G = "qwen_vllm_ext.gateway.metrics"
 _K = "qwen_vllm_ext.kv.server"
@@ -144,6 +145,14 @@ METRICS: tuple[Metric, ...] = (
            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80)),
     Metric("qwen_ext_engine_asleep", "gauge", "1 while the engine sleeps", (), _K, multiprocess_mode="max"),
     # token-weighted scheduler (published by the engine core, one series per engine-core pid)
+    Metric("qwen_ext_kv_answer_state_copies", "counter",
+           "Hybrid models: decode states copied into a kept block (answer checkpoints)", ("pid",), _KM),
+    Metric("qwen_ext_kv_answer_state_copies_skipped", "counter",
+           "Hybrid models: answer-state copies skipped because free blocks ran low (a copy never takes a running "
+           "request's block)", ("pid",), _KM),
+    Metric("qwen_ext_kv_states_superseded", "counter",
+           "Hybrid models: kept states a newer state of the same conversation superseded, moved to the front of the "
+           "eviction queue", ("pid",), _KM),
     Metric("qwen_ext_sched_admitted", "counter", "Requests admitted by the token-weighted scheduler", ("pid",), _S),
     Metric("qwen_ext_sched_max_wait_admissions", "counter",
            "Admissions through the arrival-order lane after waiting sched_max_wait_s", ("pid",), _S),

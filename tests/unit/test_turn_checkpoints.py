@@ -234,3 +234,41 @@ def test_keep_answer_state_copies_into_a_new_block_and_keeps_only_the_newest():
     request.num_computed_tokens = 112
     final = keep_answer_state(manager, request, finished=True)
     assert running[1].block_hash == final and len(manager._pending_cow_copies) == 2  # no copy for the final one
+
+
+def test_superseded_states_of_a_conversation_are_evicted_first():
+    """Issue 48, with vLLM's real block pool: when a request is freed, the states kept on its prefix before its newest
+    (an earlier answer state, the prompt-tail state) move to the front of the free queue -- the next allocations evict
+    them before another conversation's state or this one's newest -- and they stay reachable until then."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.block_pool import BlockPool
+
+    from qwen_vllm_ext.kv.hybrid_checkpoints import STATS, demote_superseded
+
+    pool = BlockPool(num_gpu_blocks=12, enable_caching=True, hash_block_size=UNIT)
+    cached = pool.cached_block_hash_to_block.get_one_block
+    stats = dict.fromkeys(STATS, 0)
+    manager = SimpleNamespace(block_pool=pool, kv_cache_group_id=0, shared_prefix_checkpoint=True,
+                              _qwen_kv_stats=stats)
+    attention = SimpleNamespace(block_pool=pool, kv_cache_group_id=1)  # not a Mamba manager: untouched
+    kvm = SimpleNamespace(_qwen_turn_unit=UNIT, coordinator=SimpleNamespace(single_type_managers=[attention, manager]))
+    ours = SimpleNamespace(request_id="a", block_hashes=[b"a%02d" % i for i in range(8)], num_computed_tokens=100)
+    other = SimpleNamespace(request_id="b", block_hashes=[b"b%02d" % i for i in range(8)], num_computed_tokens=40)
+    states = {}
+    for name, request, position in (("other", other, 32), ("turn1", ours, 32), ("tail", ours, 64),
+                                    ("answer", ours, 96)):
+        block = pool.get_new_blocks(1)[0]
+        states[name] = (block, pool.cache_partial_block(request=request, block=block, num_tokens=position,
+                                                        kv_cache_group_id=0, block_size=64))
+    pool.free_blocks([states[n][0] for n in ("other", "turn1", "tail", "answer")])  # LRU: newest at the tail
+    assert demote_superseded(kvm, ours) == 2 and stats["states_demoted"] == 2
+    assert all(cached(states[n][1]) is states[n][0] for n in states)  # still reachable
+    assert demote_superseded(kvm, other) == 0  # its only state is its newest
+    taken = pool.get_new_blocks(2)  # the next two allocations evict the superseded states, nothing else
+    assert {b.block_id for b in taken} == {states["turn1"][0].block_id, states["tail"][0].block_id}
+    assert cached(states["turn1"][1]) is None and cached(states["tail"][1]) is None
+    assert cached(states["answer"][1]) is states["answer"][0] and cached(states["other"][1]) is states["other"][0]
+    held = SimpleNamespace(request_id="c", block_hashes=ours.block_hashes, num_computed_tokens=100)
+    pool.touch([states["answer"][0]])  # a running request holds the newest: nothing to move, nothing fails
+    assert demote_superseded(kvm, held) == 0
