@@ -73,15 +73,19 @@ FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "messages": MESS
 
 _OPENAI_IGNORED = ("store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key")
 _OPENROUTER_IGNORED = ("provider", "transforms", "route", "models", "usage")
+_ROUTER_IGNORED = ("no_stop_trim", "return_hidden_states", "separate_reasoning", "stream_reasoning", "session_params",
+                   "lora_path")  # vllm-router 0.1.17 adds its request struct's defaults to every request it forwards
 IGNORED: dict[str, frozenset] = {
-    "chat": frozenset(_OPENAI_IGNORED + _OPENROUTER_IGNORED),
-    "completion": frozenset(_OPENAI_IGNORED + _OPENROUTER_IGNORED),
+    "chat": frozenset(_OPENAI_IGNORED + _OPENROUTER_IGNORED + _ROUTER_IGNORED),
+    "completion": frozenset(_OPENAI_IGNORED + _OPENROUTER_IGNORED + _ROUTER_IGNORED),
     "messages": frozenset(("service_tier",)),
 }
 """Fields a request may carry that neither vLLM nor the gateway reads, accepted and ignored (docs/gateway.md):
 OpenAI's bookkeeping fields (``store``, ``metadata``, ``service_tier``, ``safety_identifier``, ``prompt_cache_key``:
-the OpenAI SDK sends them) and an aggregator's routing fields (OpenRouter's ``provider``, ``transforms``, ``route``,
-``models``, ``usage``: usage is on every response anyway). **The rule**: with the gateway on, any other field that is
+the OpenAI SDK sends them), an aggregator's routing fields (OpenRouter's ``provider``, ``transforms``, ``route``,
+``models``, ``usage``: usage is on every response anyway) and the fields vllm-router adds to every request it
+forwards (``no_stop_trim``, ``return_hidden_states``, ``separate_reasoning``, ``stream_reasoning``,
+``session_params``, ``lora_path``: SGLang's, which vLLM does not read; found by the fleet e2e tests). **The rule**: with the gateway on, any other field that is
 not in the request tables above is refused with 400 ``unknown_parameter`` naming it -- a misspelt ``max_token`` or a
 field another server reads (``reasoning``, ``functions``) never passes silently."""
 

@@ -22,9 +22,10 @@ running block as it is freed.
 
 **One live state per conversation** (issue 48): when a request is freed, the states kept on its prefix before its
 newest one -- the conversation's earlier answer states, its prompt-tail and turn-boundary states -- are superseded:
-the conversation's next turn resumes from the newest. Those nobody holds move to the front of the free queue
-(:func:`demote_superseded`), so under cache pressure they are evicted before any other conversation's entries; they
-stay reachable until then (an edited history still falls back to them). Counters (answer-state copies made, copies
+the conversation's next turn resumes from the newest. Under cache pressure those nobody holds move ahead of every
+other cached entry in the free queue (:func:`demote_superseded`, :func:`place_superseded`), so they are evicted before
+any other conversation's entries; while the pool is roomy they stay where LRU put them, reachable (an edited history
+still falls back to them). Counters (answer-state copies made, copies
 skipped because free blocks ran low, states demoted) are published once a second for ``/metrics``
 (``kv-<pid>.json``, :mod:`qwen_vllm_ext.kv.metrics`).
 
@@ -48,6 +49,7 @@ copy-on-write queue).
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -255,11 +257,16 @@ def count(manager, name: str, n: int = 1) -> None:
             logger.debug("qwen-vllm-ext: kv stats not published: %s", exc)
 
 
+PRESSURE_WALK = 64
+"""Free blocks looked at from the front of the free queue for the first cached one (:func:`place_superseded`)."""
+MAX_PENDING = 4096
+"""Superseded states remembered while the pool is roomy (the oldest are forgotten first)."""
+
+
 def demote_superseded(kvm, request) -> int:
     """After ``request`` is freed: in each Mamba group with turn checkpoints, the newest state kept on its prefix
-    stays where LRU put it; every older one nobody holds (the conversation's earlier answer states, its prompt-tail and
-    turn-boundary states) moves to the front of the free queue, to be evicted before other conversations' entries.
-    Returns how many moved."""
+    stays where LRU put it; every older one nobody holds (the conversation's earlier answer states, its prompt-tail
+    and turn-boundary states) is superseded and queued for :func:`place_superseded`. Returns how many were placed."""
     from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
     unit = getattr(kvm, "_qwen_turn_unit", 0)
@@ -267,29 +274,63 @@ def demote_superseded(kvm, request) -> int:
     if not unit or not hashes:
         return 0
     last = min(len(hashes), request.num_computed_tokens // unit)
-    moved = 0
+    pending = getattr(kvm, "_qwen_superseded", None)
+    if pending is None:
+        pending = kvm._qwen_superseded = collections.deque(maxlen=MAX_PENDING)
+    pool = counted = None
     for manager in kvm.coordinator.single_type_managers:
         if not getattr(manager, "shared_prefix_checkpoint", False):  # the Mamba managers enable() turned on
             continue
-        pool, group = manager.block_pool, manager.kv_cache_group_id
-        newest_seen, stale, ids = False, [], set()
+        pool, group, counted = manager.block_pool, manager.kv_cache_group_id, manager
+        newest_seen = False
         for k in range(last, 0, -1):  # newest first: the first state found is the one the next turn resumes from
             block = pool.cached_block_hash_to_block.get_one_block(make_block_hash_with_group_id(hashes[k - 1], group))
             if block is None:
                 continue
-            if not newest_seen:
-                newest_seen = True
-                continue
-            if block.ref_cnt == 0 and not block.is_null and block.block_id not in ids:
-                stale.append(block)
-                ids.add(block.block_id)
-        for block in stale:
-            pool.free_block_queue.remove(block)
-        pool.free_block_queue.prepend_n(stale)
-        if stale:
-            count(manager, "states_demoted", len(stale))
-        moved += len(stale)
-    return moved
+            if newest_seen and block.ref_cnt == 0 and not block.is_null:
+                pending.append((block, block.block_hash))
+            newest_seen = True
+    if pool is None:
+        return 0
+    return place_superseded(pool, pending, counted)
+
+
+def _first_cached(queue):
+    """The first cached block among the first PRESSURE_WALK free blocks, else the block where the walk stopped (an
+    uncached block or the queue's tail), and whether it is cached."""
+    node, walked, tail = queue.fake_free_list_head.next_free_block, 0, queue.fake_free_list_tail
+    while node is not tail and node.block_hash is None and walked < PRESSURE_WALK:
+        node, walked = node.next_free_block, walked + 1
+    return node, node is not tail and node.block_hash is not None
+
+
+def place_superseded(pool, pending, manager=None) -> int:
+    """Under cache pressure, move the superseded states still cached and free to just before the first cached block
+    of the free queue: the next allocations evict them ahead of every other conversation's entry, and after the
+    never-used blocks in front. "Pressure": a cached block within the first PRESSURE_WALK free blocks. While the
+    pool is roomier the states stay where they are and reachable (an edited history still falls back to them), and
+    ``pending`` remembers them for later. Returns how many moved."""
+    queue = pool.free_block_queue
+    if not pending or not _first_cached(queue)[1]:
+        return 0  # roomy: no cached entry is near the front, so none is evicted soon
+    seen, moving = set(), []
+    while pending:
+        block, key = pending.popleft()
+        if block.ref_cnt == 0 and block.block_hash == key and not block.is_null and block.block_id not in seen:
+            seen.add(block.block_id)
+            moving.append(block)
+    for block in moving:
+        queue.remove(block)
+    anchor, _ = _first_cached(queue)  # ahead of every cached block (the walk passed only uncached ones)
+    before = anchor.prev_free_block
+    for block in moving:  # link them in between ``before`` and ``anchor``
+        before.next_free_block, block.prev_free_block = block, before
+        before = block
+    before.next_free_block, anchor.prev_free_block = anchor, before
+    queue.num_free_blocks += len(moving)
+    if moving and manager is not None:
+        count(manager, "states_demoted", len(moving))
+    return len(moving)
 
 
 def keep_final_state(kvm, request) -> None:

@@ -62,6 +62,10 @@ SELECTOR = re.compile(r"(?<![\w:])((?:vllm:|qwen_ext_)[A-Za-z0-9_:]+)(\{[^}]*\})
 QUIET = {
     # families that exist on this server but whose signal the scenario cannot produce
     "vllm:engine_sleep_state": "vLLM exports it only with --enable-sleep-mode (GPU)",
+    # hybrid models only (an engine core with turn checkpoints publishes them): the monitored server is the dense
+    # demo; tests/e2e/test_hybrid_demo.py reads them from the hybrid demo's /metrics
+    "qwen_ext_kv_answer_state_copies_total": "hybrid models only",
+    "qwen_ext_kv_answer_state_copies_skipped_total": "hybrid models only",
 }
 QUIET_QUERIES = {
     # recording rules / dashboard queries (by a substring) that return no data here, with the reason

@@ -236,18 +236,16 @@ def test_keep_answer_state_copies_into_a_new_block_and_keeps_only_the_newest():
     assert running[1].block_hash == final and len(manager._pending_cow_copies) == 2  # no copy for the final one
 
 
-def test_superseded_states_of_a_conversation_are_evicted_first():
-    """Issue 48, with vLLM's real block pool: when a request is freed, the states kept on its prefix before its newest
-    (an earlier answer state, the prompt-tail state) move to the front of the free queue -- the next allocations evict
-    them before another conversation's state or this one's newest -- and they stay reachable until then."""
+def _conversations(blocks: int):
+    """vLLM's real block pool with two conversations' kept states, freed in LRU order: "other" (position 32), then
+    ours at 32 (turn 1), 64 (prompt tail) and 96 (answer, the newest)."""
     from types import SimpleNamespace
 
     from vllm.v1.core.block_pool import BlockPool
 
-    from qwen_vllm_ext.kv.hybrid_checkpoints import STATS, demote_superseded
+    from qwen_vllm_ext.kv.hybrid_checkpoints import STATS
 
-    pool = BlockPool(num_gpu_blocks=12, enable_caching=True, hash_block_size=UNIT)
-    cached = pool.cached_block_hash_to_block.get_one_block
+    pool = BlockPool(num_gpu_blocks=blocks, enable_caching=True, hash_block_size=UNIT)
     stats = dict.fromkeys(STATS, 0)
     manager = SimpleNamespace(block_pool=pool, kv_cache_group_id=0, shared_prefix_checkpoint=True,
                               _qwen_kv_stats=stats)
@@ -262,13 +260,43 @@ def test_superseded_states_of_a_conversation_are_evicted_first():
         states[name] = (block, pool.cache_partial_block(request=request, block=block, num_tokens=position,
                                                         kv_cache_group_id=0, block_size=64))
     pool.free_blocks([states[n][0] for n in ("other", "turn1", "tail", "answer")])  # LRU: newest at the tail
+    return pool, kvm, stats, ours, other, states
+
+
+def test_superseded_states_are_evicted_first_under_pressure():
+    """Issue 48: when a request is freed on a pool under pressure (a cached block near the front of the free queue),
+    the states kept on its prefix before its newest move ahead of every other cached entry: the next allocations
+    evict them before another conversation's state or this one's newest."""
+    from types import SimpleNamespace
+
+    from qwen_vllm_ext.kv.hybrid_checkpoints import demote_superseded
+
+    pool, kvm, stats, ours, other, states = _conversations(12)
+    cached = pool.cached_block_hash_to_block.get_one_block
+    held = pool.get_new_blocks(5)  # 2 fresh blocks left ahead of the cached ones: under pressure
     assert demote_superseded(kvm, ours) == 2 and stats["states_demoted"] == 2
-    assert all(cached(states[n][1]) is states[n][0] for n in states)  # still reachable
+    assert all(cached(states[n][1]) is states[n][0] for n in states)  # still reachable until evicted
     assert demote_superseded(kvm, other) == 0  # its only state is its newest
-    taken = pool.get_new_blocks(2)  # the next two allocations evict the superseded states, nothing else
-    assert {b.block_id for b in taken} == {states["turn1"][0].block_id, states["tail"][0].block_id}
+    taken = pool.get_new_blocks(4)  # the 2 fresh blocks, then the superseded states, nothing else
+    assert {b.block_id for b in taken[2:]} == {states["turn1"][0].block_id, states["tail"][0].block_id}
     assert cached(states["turn1"][1]) is None and cached(states["tail"][1]) is None
     assert cached(states["answer"][1]) is states["answer"][0] and cached(states["other"][1]) is states["other"][0]
-    held = SimpleNamespace(request_id="c", block_hashes=ours.block_hashes, num_computed_tokens=100)
+    running = SimpleNamespace(request_id="c", block_hashes=ours.block_hashes, num_computed_tokens=100)
     pool.touch([states["answer"][0]])  # a running request holds the newest: nothing to move, nothing fails
-    assert demote_superseded(kvm, held) == 0
+    assert demote_superseded(kvm, running) == 0 and len(held) == 5
+
+
+def test_superseded_states_stay_reachable_while_the_pool_is_roomy():
+    """With more never-used blocks in front than PRESSURE_WALK nothing moves (an edited history still falls back to
+    the older states); they are remembered and placed once pressure builds."""
+    from qwen_vllm_ext.kv.hybrid_checkpoints import PRESSURE_WALK, demote_superseded
+
+    pool, kvm, stats, ours, _, states = _conversations(PRESSURE_WALK + 20)
+    cached = pool.cached_block_hash_to_block.get_one_block
+    assert demote_superseded(kvm, ours) == 0 and len(kvm._qwen_superseded) == 2
+    pool.get_new_blocks(10)
+    assert all(cached(states[n][1]) is states[n][0] for n in states)
+    pool.get_new_blocks(pool.get_num_free_blocks() - 4 - 3)  # 3 fresh blocks left: pressure
+    assert demote_superseded(kvm, ours) == 2 and stats["states_demoted"] == 2
+    taken = pool.get_new_blocks(5)
+    assert {b.block_id for b in taken[3:]} == {states["turn1"][0].block_id, states["tail"][0].block_id}
