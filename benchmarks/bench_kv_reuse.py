@@ -262,6 +262,7 @@ def main(argv=None) -> int:
     ap.add_argument("--interleave", action="store_true",
                     help=f"{HYBRID_MODEL}: turn t of every conversation before turn t+1 of any")
     ap.add_argument("--thinking-on-only", action="store_true", help=f"{HYBRID_MODEL}: skip the thinking-off runs")
+    ap.add_argument("--thinking-off-only", action="store_true", help=f"{HYBRID_MODEL}: skip the thinking-on runs")
     ap.add_argument("--answers", choices=("canned", "generated"), default="canned",
                     help=f"{HYBRID_MODEL}: canned answers under the official template (turn checkpoints), or answers "
                          "the model generates, fed back as generated (answer checkpoints; modes: "
@@ -578,7 +579,7 @@ def run_hybrid(args) -> int:
         try:
             server.wait_healthy()
             results["modes"][mode] = {"flags": flags, "env": env}
-            for thinking in ((True,) if args.thinking_on_only else (True, False)):
+            for thinking in ((True,) if args.thinking_on_only else (False,) if args.thinking_off_only else (True, False)):
                 key = f"thinking-{'on' if thinking else 'off'}"
                 if generated:
                     runs = run_generated_conversations(server.base_url, f"{mode}-{key}", args.conversations,

@@ -364,6 +364,25 @@ def test_edited_history_falls_back_and_counts_stay_exact(hybrid):
         assert _cached(usage3) % UNIT == 0 and kept <= _cached(usage3) <= best // UNIT * UNIT
 
 
+def test_kv_counters_are_on_metrics(hybrid):
+    """Issue 48: the engine core's answer-state copies (the reuse tests above made some) reach the API server's
+    /metrics, with the skipped and superseded counters beside them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server, _, _ = hybrid
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(server.base_url + "/metrics", timeout=30).text
+        samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name.startswith("qwen_ext_kv_")}
+        if samples.get("qwen_ext_kv_answer_state_copies_total", 0) > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert samples["qwen_ext_kv_answer_state_copies_total"] > 0, samples
+    assert "qwen_ext_kv_answer_state_copies_skipped_total" in samples and \
+        "qwen_ext_kv_states_superseded_total" in samples, samples
+
+
 def test_every_request_field_alone_and_in_mixed_batches_keeps_the_engine_up(hybrid):
     """Issue 46 on the hybrid engine: every field vLLM accepts, alone and in mixed concurrent batches
     (tests/e2e/field_sweep.py): a 200 or a 400 naming the field; the engine stays up. Last in the module: its ~200
