@@ -67,9 +67,9 @@ def normalize(status: int, body) -> dict | None:
                 and isinstance(err.get("message"), str):
             return None
         vllm_type = type_ if isinstance(type_, str) else None
-        return error_body(message, code if isinstance(code, str) and code else code_for(status, message, vllm_type),
-                          type_ if type_ in TYPES else type_for(status),
-                          param if isinstance(param, str) else None)
+        fixed = error_body(message, code if isinstance(code, str) and code else code_for(status, message, vllm_type),
+                           type_ if type_ in TYPES else type_for(status), param if isinstance(param, str) else None)
+        return {**body, **fixed}  # other top-level keys stay (Anthropic's "type": "error" on /v1/messages)
     detail = body.get("detail") if isinstance(body, dict) else None
     if isinstance(detail, str):
         message = detail

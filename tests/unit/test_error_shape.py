@@ -47,6 +47,12 @@ def test_vllm_and_starlette_errors_get_the_one_shape(status, body, code, type_):
     assert normalize(status, fixed) is None  # idempotent
 
 
+def test_anthropic_errors_keep_their_top_level_type():
+    body = {"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: field required"}}
+    fixed = normalize(400, body)
+    assert fixed["type"] == "error" and shape_ok(fixed) and fixed["error"]["code"] == "invalid_request"
+
+
 def test_the_extensions_own_errors_are_left_alone():
     for body in (error_body("no key", "invalid_api_key", "authentication_error"),
                  error_body("slow down", "rate_limit_exceeded", "tokens"),
