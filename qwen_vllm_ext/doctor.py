@@ -116,7 +116,8 @@ class Doctor:
                                                  self.check_gateway, self.check_admin, self.check_openrouter,
                                                  self.check_ledger]
         for step in steps:
-            if self.key_unusable and step in (self.check_probe, self.check_reuse, self.check_scheduler):
+            if self.key_unusable and step in (self.check_probe, self.check_reuse, self.check_scheduler,
+                                              self.check_openrouter):
                 continue  # the key check said why (a suspended or refused key): not three misleading FAILs more
             try:
                 if step() is False:
@@ -137,9 +138,15 @@ class Doctor:
             return False
         models = self.http.get("/v1/models", headers=self.headers())
         if models.status_code != 200:
-            self.add("server", "FAIL", f"/v1/models answered {models.status_code}",
-                     "the gateway is on: pass --api-key with a key for this server")
-            return False
+            problem = self.key_problem(models) if self.api_key else None
+            if problem is None:
+                self.add("server", "FAIL", f"/v1/models answered {models.status_code}",
+                         "the gateway is on: pass --api-key with a key for this server")
+                return False
+            self.add("server", "PASS", f"/health 200; /v1/models refused the --api-key ({models.status_code})")
+            self.add("api key", "FAIL", *problem)
+            self.key_unusable = True  # the checks that need the key are skipped; the rest still run
+            return True
         self.model = (models.json().get("data") or [{}])[0].get("id")
         self.add("server", "PASS", f"/health 200; serving {self.model}")
         return True
@@ -241,34 +248,42 @@ class Doctor:
         else:
             self.add("profile vs hardware", "PASS", seen)
 
+    def key_problem(self, r) -> tuple[str, str] | None:
+        """(what was seen, the fix) when response ``r`` refused the --api-key itself (suspended, revoked, expired,
+        out of scope), else None. A suspended key is reported as suspended, with the time it lifts and the command
+        that lifts it now."""
+        error = (r.json().get("error") or {}) if r.headers.get("content-type", "").startswith("application/json") \
+            else {}
+        code = error.get("code")
+        if code == "api_key_suspended":
+            return (f"the key is suspended: {error.get('message')}",
+                    "lift it now with `python -m qwen_vllm_ext.keys update KEY_ID --unsuspend` (KEY_ID: "
+                    "`python -m qwen_vllm_ext.keys list`), or PATCH /qwen_ext/admin/keys/KEY_ID with "
+                    "{\"suspended_until\": null}; create an aggregator's key with --no-spike-breaker")
+        if code in ("invalid_api_key", "api_key_expired"):
+            return (f"HTTP {r.status_code} {code}: {error.get('message')}",
+                    "pass a current key: `python -m qwen_vllm_ext.keys create --name NAME`")
+        if code == "model_not_allowed":
+            return (f"HTTP {r.status_code} {code}: {error.get('message')}",
+                    f"allow the key on {self.model}: `python -m qwen_vllm_ext.keys update KEY_ID --all-models`")
+        return None
+
     def check_key(self) -> None:
-        """With the gateway on and --api-key given: the key can be used. A suspended key is reported as suspended,
-        with the time it lifts and the command that lifts it now; the probes that need it are skipped."""
-        if not (self.api_key and self.settings().get("gateway")):
+        """With the gateway on and --api-key given (and not already refused at /v1/models): the key can be used; the
+        probes that need it are skipped when it cannot."""
+        if not (self.api_key and self.settings().get("gateway")) or self.key_unusable:
             return
         r = self.http.post("/v1/chat/completions", headers=self.headers(), json={
             "model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
         if r.status_code == 200:
             self.add("api key", "PASS", "the --api-key is active and allowed on " + str(self.model))
             return
-        error = (r.json().get("error") or {}) if r.headers.get("content-type", "").startswith("application/json") \
-            else {}
+        problem = self.key_problem(r)
+        if problem is None:  # not the key: the probes say more
+            self.add("api key", "WARN", f"a one-token request got HTTP {r.status_code}", "see the probes below")
+            return
         self.key_unusable = True
-        code = error.get("code")
-        if code == "api_key_suspended":
-            self.add("api key", "FAIL", f"the key is suspended: {error.get('message')}",
-                     "lift it now with `python -m qwen_vllm_ext.keys update KEY_ID --unsuspend` (KEY_ID: "
-                     "`python -m qwen_vllm_ext.keys list`), or PATCH /qwen_ext/admin/keys/KEY_ID with "
-                     "{\"suspended_until\": null}; create an aggregator's key with --no-spike-breaker")
-        elif code in ("invalid_api_key", "api_key_expired"):
-            self.add("api key", "FAIL", f"HTTP {r.status_code} {code}: {error.get('message')}",
-                     "pass a current key: `python -m qwen_vllm_ext.keys create --name NAME`")
-        elif code == "model_not_allowed":
-            self.add("api key", "FAIL", f"HTTP {r.status_code} {code}: {error.get('message')}",
-                     f"allow the key on {self.model}: `python -m qwen_vllm_ext.keys update KEY_ID --all-models`")
-        else:
-            self.key_unusable = False  # not the key: the probes say more
-            self.add("api key", "WARN", f"a one-token request got HTTP {r.status_code} {code}", "see the probes below")
+        self.add("api key", "FAIL", *problem)
 
     def check_probe(self) -> None:
         messages = [{"role": "user", "content": "qwen-vllm-ext doctor probe: "

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -73,8 +74,20 @@ def test_a_well_configured_server_passes_every_check(doctor_servers):
         text = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.doctor", "--url", server.base_url, "--api-key",
                                key], capture_output=True, text=True, timeout=600,
                               env={**os.environ, "QWEN_VLLM_EXT_ADMIN_KEY": ADMIN}).stdout
+        # issue 47: a suspended --api-key is reported as suspended, with the command that lifts it, and the probes
+        # that need the key are skipped rather than failing as "check the key's scope"
+        with httpx.Client(base_url=server.base_url, timeout=60) as c:
+            key_id = c.get("/qwen_ext/admin/keys", headers={"Authorization": f"Bearer {ADMIN}"}).json()["data"][0]
+            c.patch(f"/qwen_ext/admin/keys/{key_id['key_id']}", headers={"Authorization": f"Bearer {ADMIN}"},
+                    json={"suspended_until": "10m", "suspend_reason": "usage spike (test)"}).raise_for_status()
+        time.sleep(1.2)  # the key cache reads the store's version at most every 0.5 s
+        suspended_code, suspended = doctor(server, "--api-key", key, "--admin-key", ADMIN)
     finally:
         server.stop()
+    assert suspended_code == 1 and suspended["api key"]["status"] == "FAIL", suspended.get("api key")
+    assert "suspended until" in suspended["api key"]["seen"] and "--unsuspend" in suspended["api key"]["fix"]
+    assert "usage on every chunk" not in suspended and "gateway: limits" not in suspended
+    assert [c["name"] for c in suspended.values() if c["status"] == "FAIL"] == ["api key"]
     assert code == 0 and not_passing(checks) == [], not_passing(checks)
     for wanted in ("server", "plugin", "vllm version", "runtime patches", "profile vs hardware", "scheduler",
                    "prefix caching",
