@@ -118,7 +118,7 @@ def rejected_field(body: dict, kind: str) -> tuple[str, str] | None:
 def unknown_fields(body: dict, kind: str, engine_fields: frozenset | None) -> tuple[list[str], list[str]]:
     """(fields the installed vLLM reads but this table does not classify, fields nobody here reads and
     :data:`IGNORED` does not list): both refused."""
-    table, ignored = FIELDS[kind], IGNORED[kind]
-    unclassified = sorted(k for k in body if engine_fields and k in engine_fields and k not in table)
-    unknown = sorted(k for k in body if k not in table and k not in ignored and not (engine_fields and k in engine_fields))
+    table, ignored, engine = FIELDS[kind], IGNORED[kind], engine_fields or frozenset()
+    unclassified = sorted(k for k in body if k in engine and k not in table)
+    unknown = sorted(k for k in body if k not in table and k not in ignored and k not in engine)
     return unclassified, unknown

@@ -19,15 +19,8 @@ def kv_status() -> list[dict]:
     return status.read_processes("kv-*.json")
 
 
-class KvCollector:
+class KvCollector(catalog.PublishedStatsCollector):
     """prometheus_client custom collector (register once per API-server process)."""
 
-    def collect(self):
-        published = kv_status()
-        for field, name in COUNTERS.items():
-            family = catalog.family(name)
-            for record in published:
-                value = record.get("stats", {}).get(field)
-                if value is not None:
-                    family.add_metric([str(record["pid"])], value)
-            yield family
+    def __init__(self):
+        super().__init__(kv_status, COUNTERS)

@@ -273,6 +273,25 @@ def custom_collectors() -> list:
     return list(_custom)
 
 
+class PublishedStatsCollector:
+    """prometheus_client custom collector for counters and gauges another process publishes: at scrape time, each
+    live process's record (``reader()``: a list of ``{"pid", "stats"}``) gives one sample per ``stats`` field of
+    ``fields`` (field -> metric name), labelled with its pid. Register once per API-server process."""
+
+    def __init__(self, reader, fields: dict[str, str]):
+        self.reader, self.fields = reader, fields
+
+    def collect(self):
+        published = self.reader()
+        for field, name in self.fields.items():
+            out = family(name)
+            for record in published:
+                value = (record.get("stats") or {}).get(field)
+                if value is not None:
+                    out.add_metric([str(record["pid"])], value)
+            yield out
+
+
 def family(name: str):
     """A fresh metric family for a custom collector's ``collect()`` (counter or gauge), labelled as catalogued."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

@@ -29,15 +29,8 @@ GAUGES = {"admitted_weight_std_last": "qwen_ext_sched_admitted_weight_std",
 """Published ``stats`` field -> metric (help text and labels in the catalog)."""
 
 
-class SchedulerCollector:
+class SchedulerCollector(catalog.PublishedStatsCollector):
     """prometheus_client custom collector (register once per API-server process)."""
 
-    def collect(self):
-        statuses = scheduler_status()
-        for field, name in {**COUNTERS, **GAUGES}.items():
-            family = catalog.family(name)
-            for published in statuses:
-                value = published["stats"].get(field)
-                if value is not None:
-                    family.add_metric([str(published["pid"])], value)
-            yield family
+    def __init__(self):
+        super().__init__(scheduler_status, {**COUNTERS, **GAUGES})
