@@ -513,6 +513,7 @@ def summarize_hybrid(runs: list[list[dict]]) -> dict:
     ttft3 = [1000 * r["ttft_s"] for run in runs for r in run[2:] if r["ttft_s"] is not None]
     return {"prompt_tokens": sum(r["prompt_tokens"] for r in rows), "cached": sum(r["cached_tokens"] for r in rows),
             "computed": sum(r["prompt_tokens"] - r["cached_tokens"] for r in rows),
+            "output_tokens": sum(r["completion_tokens"] for r in rows),
             "bound": sum(r["bound"] for r in later), "shared": sum(r["shared"] for r in later),
             "turns_at_bound": sum(1 for r in later if r["cached_tokens"] == r["bound"]),
             "turns_below_bound": sum(1 for r in later if r["cached_tokens"] < r["bound"]), "turns": len(later),
@@ -581,13 +582,20 @@ def run_hybrid(args) -> int:
             results["modes"][mode] = {"flags": flags, "env": env}
             for thinking in ((True,) if args.thinking_on_only else (False,) if args.thinking_off_only else (True, False)):
                 key = f"thinking-{'on' if thinking else 'off'}"
+                preempted, wall = server.metric("vllm:num_preemptions_total") or 0.0, time.monotonic()
                 if generated:
                     runs = run_generated_conversations(server.base_url, f"{mode}-{key}", args.conversations,
                                                        args.turns, thinking, interleave=args.interleave)
                 else:
                     runs = run_hybrid_conversations(server.base_url, f"{mode}-{key}", convos[thinking], thinking,
                                                     interleave=args.interleave)
-                results["modes"][mode][key] = {"total": summarize_hybrid(runs), "raw": runs}
+                total = summarize_hybrid(runs)
+                wall = time.monotonic() - wall
+                # requests go one at a time, so output throughput is what one stream gets; preemptions come from
+                # vLLM's own counter (a turn that does not fit the cache beside the kept states is preempted)
+                total.update(preemptions=int((server.metric("vllm:num_preemptions_total") or 0.0) - preempted),
+                             wall_s=wall, output_tokens_per_s=total["output_tokens"] / wall)
+                results["modes"][mode][key] = {"total": total, "raw": runs}
             print(f"[{time.monotonic() - t0:6.1f}s] {mode} done", file=sys.stderr)
         finally:
             server.stop()
@@ -610,9 +618,9 @@ def report_hybrid(results: dict, args) -> None:
           f"conversations x {args.turns} turns, answers {'/'.join(map(str, HYBRID_ANSWERS))} tokens, "
           f"{results['elapsed_s']:.0f} s\n")
     print("| thinking | mode | prompt tokens | cached | computed prefill | vs no-cache | vs unit16 | "
-          "turns cached to the shared prefix | below it | TTFT turns 3+ mean / p99 ms | decode ms/token |"
-          + (" computed ≤ new tokens + 16 |" if generated else ""))
-    print("|---" * (12 if generated else 11) + "|")
+          "turns cached to the shared prefix | below it | hit rate | TTFT turns 3+ mean / p99 ms | decode ms/token |"
+          " preemptions | output tok/s |" + (" computed ≤ new tokens + 16 |" if generated else ""))
+    print("|---" * (15 if generated else 14) + "|")
     for key in ("thinking-on", "thinking-off"):
         if key not in results["modes"][modes[0]]:
             continue
@@ -626,8 +634,14 @@ def report_hybrid(results: dict, args) -> None:
                 f"{t['ttft_ms_turn3_mean']:.1f} / {t['ttft_ms_turn3_p99']:.1f}"
             decode = "—" if t.get("decode_ms_per_token") is None else f"{t['decode_ms_per_token']:.2f}"
             new_unit = f" | {t['turns_new_plus_unit']}/{t['turns']}" if generated else ""
+            # hit rate: cached ÷ the tokens each turn shares with its conversation's previous request (older JSONs
+            # lack the run's preemptions and throughput: "—")
+            hit = f"{t['cached'] / t['shared']:.3f}" if t["shared"] else "—"
+            preempt = t.get("preemptions", "—")
+            tps = f"{t['output_tokens_per_s']:.1f}" if "output_tokens_per_s" in t else "—"
             print(f"| {key[9:]} | {mode} | {t['prompt_tokens']} | {t['cached']} | {t['computed']} | {fewer} | {vs} | "
-                  f"{t['turns_at_bound']}/{t['turns']} | {t['turns_below_bound']} | {ttft} | {decode}{new_unit} |")
+                  f"{t['turns_at_bound']}/{t['turns']} | {t['turns_below_bound']} | {hit} | {ttft} | {decode} | "
+                  f"{preempt} | {tps}{new_unit} |")
 
 
 def plot_hybrid(path: str, results: dict) -> bool:

@@ -137,13 +137,6 @@ def ratio(a, b):
     return (a / b) if a is not None and b else None
 
 
-def metric(server: ServeProcess, name: str) -> float | None:
-    from qwen_vllm_ext.usage.reconcile import parse_counters
-
-    text = httpx.get(server.base_url + "/metrics", timeout=30).text
-    return parse_counters(text, [name])[name] if name in text else None
-
-
 def chat(server: ServeProcess, content: str, max_tokens: int = 4) -> dict:
     r = httpx.post(server.base_url + "/v1/chat/completions", timeout=600, json={
         "model": SERVED_NAME, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
@@ -324,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 chat(off, f"filler {k} " + " ".join(f"f{k}x{i}" for i in range(9000)))
             again = chat(off, first)
             cached = (again.get("usage", {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            external = metric(off, "vllm:external_prefix_cache_hits_total") or 0
+            external = off.metric("vllm:external_prefix_cache_hits_total") or 0
             result["phases"]["kv_offloading"] = {"cached_tokens_after_eviction": cached,
                                                  "external_prefix_cache_hits": external,
                                                  "prompt_tokens": again["usage"]["prompt_tokens"]}
@@ -332,15 +325,15 @@ def main(argv: list[str] | None = None) -> int:
             checks.add("KV offloading: cache hits after eviction", cached > 0 and external > 0,
                        f"{cached} cached tokens, {external:.0f} served by the offloading tier")
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not metric(off, "qwen_ext_engine_asleep"):
+            while time.monotonic() < deadline and not off.metric("qwen_ext_engine_asleep"):
                 time.sleep(1)
-            asleep = bool(metric(off, "qwen_ext_engine_asleep"))
+            asleep = bool(off.metric("qwen_ext_engine_asleep"))
             t_wake = time.monotonic()
             woke = chat(off, "wake up", max_tokens=2)
             result["phases"]["idle_sleep"] = {
                 "fell_asleep": asleep, "request_after_sleep_s": time.monotonic() - t_wake,
-                "wakes": metric(off, "qwen_ext_engine_wakes_total"),
-                "wake_seconds_sum": metric(off, "qwen_ext_engine_wake_seconds_sum")}
+                "wakes": off.metric("qwen_ext_engine_wakes_total"),
+                "wake_seconds_sum": off.metric("qwen_ext_engine_wake_seconds_sum")}
             checks.add("idle sleep and wake with a request waiting", asleep and bool(woke.get("choices")),
                        f"asleep {asleep}, request answered in {result['phases']['idle_sleep']['request_after_sleep_s']:.1f}s")
             off.stop()

@@ -60,6 +60,15 @@ class ServeProcess:
     def log_tail(self, n: int = 120) -> str:
         return log_tail(self.log_path, n)
 
+    def metric(self, name: str) -> float | None:
+        """``name``'s value on ``GET /metrics``, summed over its label sets; None when the server has no such
+        series."""
+        from qwen_vllm_ext.usage.reconcile import parse_counters
+
+        with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        return parse_counters(text, [name])[name] if name in text else None
+
     def wait_healthy(self, timeout: float = 600.0, poll_s: float = 0.25) -> float:
         """Seconds until ``GET /health`` answered 200; raises :class:`ServerStartError` (and stops the server on
         a timeout) otherwise."""

@@ -81,3 +81,99 @@ def state_bytes(config: dict, tp: int = 1, block_align: int = 16) -> dict:
     return {"layers": n_linear, "attention_layers": n_layers - n_linear, "raw": per_layer * n_linear,
             "padded": block_size * attn_per_token * n_linear, "block_size": block_size,
             "attention_bytes_per_token": attn_per_token * (n_layers - n_linear)}
+
+
+def weight_params(config: dict) -> int:
+    """Parameters of a hybrid Qwen model's language model (Qwen3-Next / Qwen3.5 / Qwen3.6 ``config.json``; a
+    multimodal checkpoint's vision encoder is not counted: ``--language-model-only`` does not load it). Exact for the
+    tensors vLLM loads: embeddings and ``lm_head`` (unless tied), per Gated DeltaNet layer ``in_proj_qkvz``,
+    ``in_proj_ba``, the conv, ``A_log``/``dt_bias``, the gated norm and ``out_proj``; per attention layer the gated
+    ``q_proj`` (query and gate), ``k_proj``/``v_proj``, ``o_proj`` and the q/k norms; per layer the MLP (dense, or
+    the experts, router, shared expert and its gate) and two norms."""
+    cfg = config.get("text_config") or config
+    hidden, vocab, n_layers = int(cfg["hidden_size"]), int(cfg["vocab_size"]), int(cfg["num_hidden_layers"])
+    layer_types = cfg.get("layer_types") or [
+        "full_attention" if (i + 1) % int(cfg.get("full_attention_interval", 4)) == 0 else "linear_attention"
+        for i in range(n_layers)]
+    kh, kd = int(cfg["linear_num_key_heads"]), int(cfg["linear_key_head_dim"])
+    vh, vd = int(cfg["linear_num_value_heads"]), int(cfg["linear_value_head_dim"])
+    kernel = int(cfg.get("linear_conv_kernel_dim", 4))
+    heads, kv_heads = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    linear = (hidden * (2 * kh * kd + 2 * vh * vd) + hidden * 2 * vh + (2 * kh * kd + vh * vd) * kernel
+              + 2 * vh + vd + vh * vd * hidden)
+    attention = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden \
+        + 2 * head_dim
+    experts = int(cfg.get("num_experts") or 0)
+    if experts:
+        mlp = experts * 3 * hidden * int(cfg["moe_intermediate_size"]) + hidden * experts
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+        mlp += 3 * hidden * shared + (hidden if shared else 0)
+    else:
+        mlp = 3 * hidden * int(cfg["intermediate_size"])
+    layers = sum(linear if t == "linear_attention" else attention for t in layer_types[:n_layers])
+    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings", config.get("tie_word_embeddings")) else 2)
+    return embeddings + layers + n_layers * (mlp + 2 * hidden) + hidden
+
+
+# States a running request holds at most in vLLM's ``align`` mode without speculative decoding (the running one and
+# the one being written at a block boundary): MambaSpec.max_memory_usage_bytes, what vLLM's "Maximum concurrency"
+# log line counts
+RUNNING_STATES = 2
+
+
+def memory_plan(config: dict, gpu_bytes: int, *, utilization: float = 0.92, reserve_bytes: int = 4 << 30,
+                weight_bytes_per_param: float = 2.0, tp: int = 1, block_align: int = 16, context_tokens: int = 8192,
+                concurrency: Sequence[int] = (64, 256), unit: int = 16, hbm_bytes_per_s: float | None = None) -> dict:
+    """Where a hybrid model's KV pool goes on one GPU, and what keeping states costs there.
+
+    vLLM gives the engine ``utilization`` of the GPU; the weights and ``reserve_bytes`` (activations at the largest
+    batch, CUDA graphs: an assumption; vLLM's log line "Available KV cache memory" is the measured pool) come off
+    it and the rest is the pool. vLLM cuts the pool into blocks of one page per layer of a KV-cache group; a group
+    has as many layers as the model has attention layers, so a block holds ``block_tokens`` tokens of every
+    attention layer, or the states of that many Gated DeltaNet layers, and one state of all of them takes
+    ``state_blocks`` blocks (3 on Qwen3.5/3.6). A running request holds its attention blocks and up to
+    :data:`RUNNING_STATES` states (vLLM's own count for its concurrency line in ``align`` mode).
+
+    Per ``concurrency`` C (conversations with a request in flight, ``context_tokens`` each): how many run at once
+    (the rest wait in vLLM's queue), the blocks answer checkpoints take beside them (one kept state per running
+    request at most, evictable, and none once free blocks fall to the copy guard ``max(2, blocks // 32)``), how
+    many idle conversations' prefixes (attention blocks and one live state each) the rest of the pool keeps, with
+    and without answer checkpoints, and the copy traffic: a running request copies its state once per ``unit``
+    generated tokens, so a decode step moves ``running / unit`` states (read and written), against what the step
+    moves anyway: the weights (every weight of a dense model; of a mixture of experts, the experts the running
+    tokens route to, expected under a uniform router), the attention KV it reads and the states it reads and
+    writes."""
+    s = state_bytes(config, tp=tp, block_align=block_align)
+    cfg = config.get("text_config") or config
+    params = weight_params(config)
+    weights = int(params * weight_bytes_per_param / tp)
+    pool = int(gpu_bytes * utilization) - weights - reserve_bytes
+    block_bytes = s["padded"] // s["layers"] * s["attention_layers"]
+    state_blocks = math.ceil(s["layers"] / s["attention_layers"])
+    blocks = max(pool // block_bytes, 0)
+    guard = max(2, blocks // 32)
+    attention_blocks = math.ceil(context_tokens / s["block_size"])
+    per_running = attention_blocks + RUNNING_STATES * state_blocks
+    kept = attention_blocks + state_blocks  # an idle conversation's prefix and its one live state
+    experts, top_k = int(cfg.get("num_experts") or 0), int(cfg.get("num_experts_per_tok") or 0)
+    rows = []
+    for c in concurrency:
+        running = min(c, blocks // per_running)
+        free = blocks - running * per_running
+        answers = min(running, max(free - guard, 0) // state_blocks) * state_blocks  # whole states
+        read = params * weight_bytes_per_param / tp
+        if experts and running:
+            per_layer = experts * 3 * int(cfg["hidden_size"]) * int(cfg["moe_intermediate_size"])
+            touched = 1 - (1 - top_k / experts) ** running  # expected share of the experts the tokens route to
+            read -= int(cfg["num_hidden_layers"]) * per_layer * (1 - touched) * weight_bytes_per_param / tp
+        step = read + running * (context_tokens * s["attention_bytes_per_token"] + 2 * s["raw"])
+        copy = running / unit * 2 * s["raw"]
+        rows.append({"concurrency": c, "running": running, "waiting": c - running, "answer_blocks": answers,
+                     "idle_kept": (free - answers) // kept, "idle_kept_without_answers": free // kept,
+                     "copy_bytes_per_step": copy, "step_bytes": step, "copy_share": copy / (step + copy),
+                     "copy_ms_per_step": 1000 * copy / hbm_bytes_per_s if hbm_bytes_per_s else None})
+    return {"params": params, "weight_bytes": weights, "pool_bytes": pool, "block_bytes": block_bytes,
+            "block_tokens": s["block_size"], "state_blocks": state_blocks, "blocks": blocks, "copy_guard": guard,
+            "state_raw": s["raw"], "state_padded": s["padded"], "states_max": blocks // state_blocks,
+            "attention_blocks": attention_blocks, "rows": rows}

@@ -7,7 +7,8 @@ import pytest
 from qwen_v3_calculator.chat import render_chat
 from qwen_v3_calculator.tokenizer import Tokenizer
 from qwen_vllm_ext.demo import HYBRID_CONFIG
-from qwen_vllm_ext.kv.checkpoints import MAX_GENERATION_TAIL, state_bytes, turn_boundary
+from qwen_vllm_ext.kv.checkpoints import (MAX_GENERATION_TAIL, RUNNING_STATES, memory_plan, state_bytes,
+                                          turn_boundary, weight_params)
 from qwen_vllm_ext.kv.reuse import common_prefix
 
 UNIT = 16
@@ -94,6 +95,65 @@ def test_state_bytes_match_what_vllm_allocated_for_the_demo():
     assert half["raw"] < s["raw"]
     with pytest.raises(KeyError):
         state_bytes({"num_hidden_layers": 4})
+
+
+def test_weight_params_equal_the_architectures_parameter_count():
+    """The memory plan's weights: exactly the parameters of Transformers' own Qwen3-Next (the demo), Qwen3.5 dense
+    (Qwen3.6-27B) and Qwen3.5 MoE (Qwen3.6-35B-A3B) language models, built on the meta device (no memory)."""
+    torch = pytest.importorskip("torch")
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeForCausalLM
+    from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextForCausalLM
+
+    from benchmarks.hybrid_state_bytes import PUBLISHED
+
+    cases = [(HYBRID_CONFIG, Qwen3NextConfig, Qwen3NextForCausalLM),
+             (PUBLISHED["Qwen3.6-27B"], Qwen3_5TextConfig, Qwen3_5ForCausalLM),
+             (PUBLISHED["Qwen3.6-35B-A3B"], Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM)]
+    for config, config_cls, model_cls in cases:
+        fields = {k: v for k, v in config.items() if k not in ("dtype", "torch_dtype", "architectures")}
+        with torch.device("meta"):
+            model = model_cls(config_cls(**fields))
+        assert weight_params(config) == sum(p.numel() for p in model.parameters()), config_cls.__name__
+    assert round(weight_params(PUBLISHED["Qwen3.6-27B"]) / 1e9, 1) == 26.9
+    assert round(weight_params(PUBLISHED["Qwen3.6-35B-A3B"]) / 1e9, 1) == 34.7
+
+
+def test_memory_plan_blocks_and_concurrency_match_what_vllm_logged_for_the_demo():
+    """vLLM 0.32 CPU on the demo: 2 GiB of KV cache (VLLM_CPU_KVCACHE_SPACE) -> "num_gpu_blocks=13107"; with 400
+    blocks, "Maximum concurrency for 16,384 tokens per request: 12.50x" (26 attention blocks + 2 states of 3 blocks
+    per running request)."""
+    demo = dict(utilization=1.0, reserve_bytes=0, weight_bytes_per_param=0, block_align=128, context_tokens=16384)
+    assert memory_plan(HYBRID_CONFIG, 2 << 30, **demo)["blocks"] == 13107
+    p = memory_plan(HYBRID_CONFIG, 400 * 640 * 256, concurrency=(12, 13, 64), **demo)
+    assert p["blocks"] == 400 and p["state_blocks"] == 3 and p["attention_blocks"] == 26 and RUNNING_STATES == 2
+    assert [r["running"] for r in p["rows"]] == [12, 12, 12] and [r["waiting"] for r in p["rows"]] == [0, 1, 52]
+
+
+def test_memory_plan_accounts_for_every_block_and_skips_answers_under_the_copy_guard():
+    from benchmarks.hybrid_state_bytes import PUBLISHED
+
+    cfg = PUBLISHED["Qwen3.6-27B"]
+    s = state_bytes(cfg)
+    for gib in (80, 141, 400):
+        p = memory_plan(cfg, gib << 30, context_tokens=8192, concurrency=(1, 64, 256))
+        per_running = p["attention_blocks"] + RUNNING_STATES * p["state_blocks"]
+        kept = p["attention_blocks"] + p["state_blocks"]
+        assert p["block_bytes"] * p["state_blocks"] == s["padded"] and p["block_tokens"] == s["block_size"] == 784
+        for r in p["rows"]:
+            free = p["blocks"] - r["running"] * per_running
+            assert 0 <= r["answer_blocks"] <= r["running"] * p["state_blocks"]
+            assert r["answer_blocks"] <= max(free - p["copy_guard"], 0)  # copies stop at the guard
+            assert r["idle_kept"] * kept + r["answer_blocks"] <= free and r["idle_kept"] <= r["idle_kept_without_answers"]
+            assert r["running"] + r["waiting"] == r["concurrency"]
+            assert r["copy_bytes_per_step"] == r["running"] / 16 * 2 * s["raw"]
+            assert 0 <= r["copy_share"] < 0.05
+    # a card the weights do not leave room on runs nothing and keeps nothing
+    none = memory_plan(cfg, 40 << 30)
+    assert none["blocks"] == 0 and all(r["running"] == 0 and r["idle_kept"] == 0 for r in none["rows"])
 
 
 def test_opener_ids_come_from_the_served_tokenizer(qwen36_tokenizer_dir, opener):
