@@ -269,7 +269,15 @@ def main(argv=None) -> int:
                          f"{','.join(HYBRID_GENERATED_MODES)})")
     ap.add_argument("--summarize", metavar="JSON", help=f"{HYBRID_MODEL}: recompute the table from a written JSON's "
                     "raw turns (no server)")
+    ap.add_argument("--saturation", type=int, default=0, metavar="ROUNDS",
+                    help=f"{HYBRID_MODEL}: answer checkpoints on vs off at a concurrency the cache limits, each "
+                         "against itself, ROUNDS rounds (issue 48 item 3)")
+    ap.add_argument("--concurrency", type=int, default=16, help="--saturation: concurrent conversations")
     args = ap.parse_args(argv)
+    if args.saturation:
+        if args.out == os.path.join(RESULTS, "bench_kv_reuse.json"):
+            args.out = os.path.join(RESULTS, "bench_kv_reuse-hybrid-saturation.json")
+        return run_saturation(args)
     if args.summarize:
         with open(args.summarize) as f:
             results = json.load(f)
@@ -381,7 +389,12 @@ HYBRID_GENERATED_MODES = {
     "dense": ([*OFFICIAL, "--prefix-cache-retention-interval", "None"], HYBRID_OFF),
     "no-cache": ([*OFFICIAL, "--no-enable-prefix-caching"], HYBRID_OFF),
     "product-aa": ([], {}),
+    "answers-off": (["--qwen-kv-answer-checkpoints", "false"], {}),  # the launcher's defaults but this one
+    "answers-off-aa": (["--qwen-kv-answer-checkpoints", "false"], {}),
 }
+# --saturation: answer checkpoints on and off, each against itself (the A/A pairs), in ABBA order per round so a drift
+# in the machine's speed hits both sides alike
+SATURATION_SIDES = ("product", "answers-off", "answers-off-aa", "product-aa")
 HYBRID_ANSWERS = (20, 80, 200, 400, 600)  # answer lengths (tokens), cycled per turn, shifted per conversation
 HYBRID_UNIT = 16
 
@@ -554,6 +567,121 @@ def run_generated_conversations(base_url: str, prefix: str, conversations: int, 
         for c in order:
             runs[c].append(convos[c].turn(client))
     return runs
+
+
+def saturation_run(server: ServeProcess, seed0: int, clients: int, turns: int, words: dict[int, str]) -> dict:
+    """``clients`` concurrent clients, each one :class:`GeneratedConversation` of ``turns`` turns (thinking off,
+    answers of 20-600 tokens fed back as generated), against one server; its running and waiting requests sampled
+    from ``/metrics`` every 0.5 s. Output throughput: completion tokens over the wall time of the whole run."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total"]
+    samples: list[dict] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(server.metrics(names))
+            stop.wait(0.5)
+
+    def client(conversation: GeneratedConversation) -> list[dict]:
+        with httpx.Client(base_url=server.base_url, timeout=600) as http:
+            return [conversation.turn(http) for _ in range(turns)]
+
+    convos = [GeneratedConversation(f"sat-{seed0}-{c}", seed0 + c, False, words) for c in range(clients)]
+    preempted = server.metric("vllm:num_preemptions_total") or 0.0
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.monotonic()
+    with ThreadPoolExecutor(clients) as pool:
+        runs = list(pool.map(client, convos))
+    wall = time.monotonic() - start
+    stop.set()
+    sampler.join()
+    rows = [r for run in runs for r in run]
+    ttft = [1000 * r["ttft_s"] for r in rows if r["ttft_s"] is not None]
+    running = [s["vllm:num_requests_running"] or 0 for s in samples]
+    waiting = [s["vllm:num_requests_waiting"] or 0 for s in samples]
+    out = sum(r["completion_tokens"] for r in rows)
+    return {"wall_s": wall, "output_tokens": out, "output_tok_s": out / wall,
+            "prompt_tokens": sum(r["prompt_tokens"] for r in rows), "cached": sum(r["cached_tokens"] for r in rows),
+            "running_mean": sum(running) / len(running), "running_max": max(running),
+            "waiting_mean": sum(waiting) / len(waiting),
+            "preemptions": int((server.metric("vllm:num_preemptions_total") or 0.0) - preempted),
+            "ttft_ms_mean": sum(ttft) / len(ttft), "ttft_ms_p99": percentile(ttft, 99), "raw": runs}
+
+
+def run_saturation(args) -> int:
+    """Issue 48 item 3: at a concurrency where the cache limits the running requests, output throughput and running
+    requests with answer checkpoints on and off, each side against itself first (:data:`SATURATION_SIDES`, all four
+    servers resident, one busy at a time). Per round every side runs the same workload (seeds new per round);
+    ratios per round, 95% intervals over the rounds (:func:`qwen_vllm_ext.bench.paired.ratio_interval`)."""
+    from qwen_vllm_ext.bench.paired import ratio_interval
+
+    words = hybrid_words()
+    tmp = tempfile.mkdtemp(prefix="bench-kv-saturation-")
+    pressure = ["--num-gpu-blocks-override", str(args.kv_blocks)] if args.kv_blocks else []
+    servers = {}
+    try:
+        for side in SATURATION_SIDES:
+            flags, env = HYBRID_GENERATED_MODES[side]
+            servers[side] = ServeProcess(["--model", HYBRID_MODEL, "--qwen-data-dir", os.path.join(tmp, side), *flags,
+                                          *pressure], os.path.join(tmp, f"{side}.log"), env={**os.environ, **env},
+                                         cwd=ROOT, label=side)
+        for server in servers.values():
+            server.wait_healthy()
+        results: dict = {"config": {**vars(args), "sides": SATURATION_SIDES}, "rounds": []}
+        t0 = time.monotonic()
+        for r in range(args.saturation):
+            order = SATURATION_SIDES if r % 2 == 0 else SATURATION_SIDES[::-1]
+            row = {}
+            for side in order:
+                row[side] = saturation_run(servers[side], 5000 + 100 * r, args.concurrency, args.turns, words)
+                print(f"[{time.monotonic() - t0:6.1f}s] round {r + 1} {side}: {row[side]['output_tok_s']:.1f} tok/s, "
+                      f"running {row[side]['running_mean']:.2f}, preempted {row[side]['preemptions']}",
+                      file=sys.stderr)
+            results["rounds"].append(row)
+    finally:
+        for server in servers.values():
+            server.stop()
+    pairs = {"A/A on (product-aa / product)": ("product-aa", "product"),
+             "A/A off (answers-off-aa / answers-off)": ("answers-off-aa", "answers-off"),
+             "on / off (product / answers-off)": ("product", "answers-off"),
+             "on / off, second servers (product-aa / answers-off-aa)": ("product-aa", "answers-off-aa")}
+    results["ratios"] = {
+        name: {metric: ratio_interval([row[a][metric] / row[b][metric] for row in results["rounds"]
+                                       if row[b][metric]])
+               for metric in ("output_tok_s", "running_mean", "ttft_ms_mean")}
+        for name, (a, b) in pairs.items()}
+    report_saturation(results, args)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"\nwrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def report_saturation(results: dict, args) -> None:
+    print(f"\nSaturation on the hybrid demo: {args.concurrency} concurrent conversations x {args.turns} turns (thinking "
+          f"off, generated answers of 20-600 tokens), {args.kv_blocks or 'the profile'}'s KV blocks, "
+          f"{len(results['rounds'])} rounds\n")
+    print("| side | output tok/s (per round) | running requests, mean (max) | waiting, mean | preemptions | cached tokens "
+          "| TTFT mean ms |")
+    print("|---|---|---|---|---|---|---|")
+    for side in SATURATION_SIDES:
+        rows = [row[side] for row in results["rounds"]]
+
+        def cell(key: str, fmt: str, rows=rows) -> str:
+            return " / ".join(format(r[key], fmt) for r in rows)
+
+        running = " / ".join("{:.2f} ({:.0f})".format(r["running_mean"], r["running_max"]) for r in rows)
+        print(f"| {side} | {cell('output_tok_s', '.1f')} | {running} | {cell('waiting_mean', '.2f')} | "
+              f"{cell('preemptions', 'd')} | {cell('cached', 'd')} | {cell('ttft_ms_mean', '.0f')} |")
+    print("\n| ratio | output tok/s | running requests | TTFT mean |")
+    print("|---|---|---|---|")
+    for name, metrics in results["ratios"].items():
+        cells = [f"{m['point']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}]" for m in metrics.values()]
+        print(f"| {name} | {' | '.join(cells)} |")
 
 
 def run_hybrid(args) -> int:

@@ -63,11 +63,16 @@ class ServeProcess:
     def metric(self, name: str) -> float | None:
         """``name``'s value on ``GET /metrics``, summed over its label sets; None when the server has no such
         series."""
+        return self.metrics([name])[name]
+
+    def metrics(self, names: Sequence[str]) -> dict[str, float | None]:
+        """:meth:`metric` of each name, from one scrape."""
         from qwen_vllm_ext.usage.reconcile import parse_counters
 
         with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as r:
             text = r.read().decode()
-        return parse_counters(text, [name])[name] if name in text else None
+        sums = parse_counters(text, names)
+        return {name: sums[name] if name in text else None for name in names}
 
     def wait_healthy(self, timeout: float = 600.0, poll_s: float = 0.25) -> float:
         """Seconds until ``GET /health`` answered 200; raises :class:`ServerStartError` (and stops the server on
