@@ -273,10 +273,11 @@ def test_token_weighted_scheduler_on_the_hybrid_engine(hybrid):
 UNIT = 16  # the launcher's --prefix-match-unit for the family
 
 
-def _turn(c, messages, thinking: bool, conversation: str) -> tuple[list[int], dict]:
+def _turn(c, messages, thinking: bool, conversation: str, kwargs: dict | None = None) -> tuple[list[int], dict]:
     """(prompt ids from /tokenize, final streamed usage) of one request, rendered as the official Qwen3.5 template
-    renders it (``preserve_thinking: false`` on the served ``qwen3.5-reuse`` template)."""
-    kwargs = {"enable_thinking": thinking, "preserve_thinking": False}
+    renders it (``preserve_thinking: false`` on the served ``qwen3.5-reuse`` template) unless ``kwargs`` say
+    otherwise."""
+    kwargs = kwargs or {"enable_thinking": thinking, "preserve_thinking": False}
     tok = c.post("/tokenize", json={"model": MODEL, "messages": messages, "add_generation_prompt": True,
                                     "chat_template_kwargs": kwargs})
     assert tok.status_code == 200, tok.text
@@ -362,6 +363,48 @@ def test_edited_history_falls_back_and_counts_stay_exact(hybrid):
         kept = common_prefix(seen[2], seen[3]) // UNIT * UNIT
         best = max(common_prefix(s, ids3) for s in seen + [ids, ids2])
         assert _cached(usage3) % UNIT == 0 and kept <= _cached(usage3) <= best // UNIT * UNIT
+
+
+def test_a_disconnect_mid_answer_falls_back_to_a_kept_state_and_counts_stay_exact(hybrid):
+    """Issue 48, bad input: a client drops the stream mid-answer and sends the next turn with the partial answer it
+    received. The aborted request keeps at most its newest answer state, which may lie past what the client got, so
+    the next turn is served from the longest state still on its path: at least the aborted request's prompt (its
+    turn checkpoint), never more than it shares with what the engine computed. The aborted request's record has the
+    tokens the engine generated, and the engine serves on."""
+    from qwen_vllm_ext.kv.reuse import common_prefix
+
+    server, data, key = hybrid
+    words = hybrid_words()
+    messages = [{"role": "system", "content": "You answer at length. " * 20},
+                {"role": "user", "content": "Tell me everything about the harbour, in order."}]
+    kwargs = {"enable_thinking": False}
+    body = {"model": MODEL, "messages": messages, "max_tokens": 600, "ignore_eos": True, "temperature": 0,
+            "allowed_token_ids": list(words), "stream": True, "return_token_ids": True,
+            "chat_template_kwargs": kwargs}
+    with client(server, key) as c:
+        prompt = c.post("/tokenize", json={"model": MODEL, "messages": messages, "add_generation_prompt": True,
+                                           "chat_template_kwargs": kwargs}).json()["tokens"]
+        received: list[int] = []
+        with c.stream("POST", "/v1/chat/completions", json=body,
+                      headers={"x-session-id": "dropped", "x-request-id": "dropped-mid-answer"}) as s:
+            assert s.status_code == 200
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    for ch in json.loads(line[6:])["choices"]:
+                        received += ch.get("token_ids") or []
+                if len(received) >= 3 * UNIT + 5:
+                    break  # leaving the block closes the connection mid-answer
+        row = ledger_row(data, "dropped-mid-answer")
+        assert row["prompt_tokens"] == len(prompt) and row["completion_tokens"] >= len(received)
+        follow = messages + [{"role": "assistant", "content": "".join(words[i] for i in received)},
+                             {"role": "user", "content": "Go on."}]
+        ids, usage = _turn(c, follow, False, "dropped", kwargs)
+    assert usage["prompt_tokens"] == len(ids)
+    assert ids[:len(prompt) + len(received)] == prompt + received  # prefix-stable: the partial answer comes back
+    kept = (len(prompt) - 1) // UNIT * UNIT  # the aborted request's prompt-tail state at least
+    computed = len(prompt) + row["completion_tokens"] - 1
+    most = min(common_prefix(prompt + received, ids), computed) // UNIT * UNIT
+    assert _cached(usage) % UNIT == 0 and kept <= _cached(usage) <= most, (_cached(usage), kept, most)
 
 
 def test_kv_counters_are_on_metrics(hybrid):
