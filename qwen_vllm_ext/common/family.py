@@ -34,6 +34,7 @@ class Family:
     reasoning_parser: str | None  # vLLM --reasoning-parser
     tool_parser: str | None       # vLLM --tool-call-parser
     dtype: str | None = None      # a dtype the family needs on this platform (hybrid on CPU: bfloat16)
+    mtp_layers: int | None = None  # multi-token-prediction layers in the checkpoint (None: unknown, a hub id)
 
 
 def read_json(path: str) -> dict:
@@ -79,16 +80,46 @@ def detect(model: str, device: str = "cuda") -> Family:
             model_type, vocab = "qwen2", "qwen2.5"
     hybrid = model_type in HYBRID_MODEL_TYPES or "Qwen3_5" in archs or "Qwen3Next" in archs
     dtype = "bfloat16" if hybrid and device == "cpu" else None
+    mtp = mtp_layers(config) if config else None
     if model_type in ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text") or "Qwen3_5" in archs \
             or (hybrid and vocab == "qwen3.6"):
-        return Family("qwen3.6", model_type, True, "qwen3.6", "qwen3", "qwen3_coder", dtype)
+        return Family("qwen3.6", model_type, True, "qwen3.6", "qwen3", "qwen3_coder", dtype, mtp)
     if hybrid:
-        return Family("qwen3-next", model_type, True, vocab or "qwen3", "qwen3", "hermes", dtype)
+        return Family("qwen3-next", model_type, True, vocab or "qwen3", "qwen3", "hermes", dtype, mtp)
     if model_type in ("qwen3", "qwen3_moe"):
         return Family("qwen3", model_type, False, vocab or "qwen3", None, None)
     if model_type in ("qwen2", "qwen2_moe"):
         return Family("qwen2.5", model_type, False, vocab or "qwen2.5", None, None)
     return Family("unknown", model_type, hybrid, vocab, None, None, dtype)
+
+
+def mtp_layers(config: dict) -> int:
+    """Multi-token-prediction layers a checkpoint's config.json declares: ``num_nextn_predict_layers`` (Qwen3-Next)
+    or ``mtp_num_hidden_layers`` (Qwen3.5/3.6, top level or ``text_config``), as vLLM's speculative config reads
+    them; 0 when none is declared."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for source in (config, text):
+        for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return 0
+
+
+def mtp_flags(family: Family, tokens: int, given: set[str]) -> list[str]:
+    """``--speculative-config`` for MTP with ``tokens`` speculative tokens (the ``mtp_speculative_tokens`` setting;
+    0: none). The user's own ``--speculative-config`` wins. Raises ValueError, with the reason, for a checkpoint
+    that cannot serve it: not a hybrid Qwen (no MTP head in the family), or a config that declares no MTP layers."""
+    if tokens <= 0 or "speculative_config" in given:
+        return []
+    if not family.hybrid:
+        raise ValueError(f"mtp_speculative_tokens={tokens}: MTP speculative decoding needs a checkpoint with MTP "
+                         f"layers (Qwen3.5/3.6, Qwen3-Next); this model is {family.name!r}")
+    if family.mtp_layers == 0:
+        raise ValueError(f"mtp_speculative_tokens={tokens}: the checkpoint's config.json declares no MTP layers "
+                         "(num_nextn_predict_layers / mtp_num_hidden_layers), so it has no MTP weights to draft "
+                         "with; set mtp_speculative_tokens=0")
+    return ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": tokens})]
 
 
 def hybrid_flags(family: Family, given: set[str], prefix_caching: bool, block_size: int | None = None) -> list[str]:

@@ -77,10 +77,10 @@ _taken: set[str] = set()
 
 # The e2e modules' order: a module that needs much memory (EARLY_GB/LATE_GB of 10 or so) follows one that needs
 # little, so that its servers can start while that one runs; modules not named here run last, in file order.
-E2E_ORDER = ["test_count_chat_vllm", "test_fleet", "test_hybrid_demo", "test_gateway", "test_monitoring",
-             "test_usage_ledger", "test_patched_vllm", "test_doctor", "test_kv_reuse", "test_openrouter_provider",
-             "test_token_storm", "test_hybrid_fleet", "test_data_parallel", "test_count_endpoint", "test_demo_server",
-             "test_gpu_check_smoke"]
+E2E_ORDER = ["test_count_chat_vllm", "test_fleet", "test_hybrid_demo", "test_mtp_demo", "test_gateway",
+             "test_monitoring", "test_usage_ledger", "test_patched_vllm", "test_doctor", "test_kv_reuse",
+             "test_openrouter_provider", "test_token_storm", "test_hybrid_fleet", "test_data_parallel",
+             "test_count_endpoint", "test_demo_server", "test_gpu_check_smoke"]
 
 
 def pytest_collection_modifyitems(items):

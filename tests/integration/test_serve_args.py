@@ -155,3 +155,26 @@ def test_the_qwen36_demo_and_family_flags():
     assert args.max_model_len == serve.DEMO_CONTEXT["qwen36-demo"] == 16384 and dense.max_model_len == 4096
     args, *_ = serve.resolve(["--model", "qwen36-demo", "--max-model-len", "8192"], environ={}, gpus=[])
     assert args.max_model_len == 8192
+
+
+def test_mtp_switch_on_the_mtp_demo_and_refused_without_mtp_weights():
+    """Issue 49: --qwen-mtp-speculative-tokens N turns MTP on for a checkpoint with MTP layers (the MTP demo), shown
+    by --print-command; a checkpoint without them is refused at start with the reason; off by default."""
+    import json
+
+    args, final, *_ = serve.resolve(["--model", "qwen36-mtp-accept", "--qwen-mtp-speculative-tokens", "2"],
+                                    environ={}, gpus=[])
+    assert json.loads(final[final.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 2}
+    assert args.served_model_name == ["qwen36-mtp-accept"] and args.max_model_len == 16384
+    args, final, *_ = serve.resolve(["--model", "qwen36-mtp-accept"], environ={}, gpus=[])
+    assert "--speculative-config" not in final  # off unless asked
+    own = '{"method": "mtp", "num_speculative_tokens": 1}'
+    args, final, *_ = serve.resolve(["--model", "qwen36-mtp-accept", "--speculative-config", own,
+                                     "--qwen-mtp-speculative-tokens", "3"], environ={}, gpus=[])
+    assert final.count("--speculative-config") == 1 and own in final
+    with pytest.raises(serve.LaunchError, match="declares no MTP layers"):
+        serve.resolve(["--model", "qwen36-demo", "--qwen-mtp-speculative-tokens", "2"], environ={}, gpus=[])
+    from qwen_vllm_ext.config import SettingsError
+
+    with pytest.raises(SettingsError, match="mtp_speculative_tokens"):
+        serve.resolve(["--model", "qwen36-mtp-accept", "--qwen-mtp-speculative-tokens", "-1"], environ={}, gpus=[])

@@ -77,3 +77,27 @@ def test_reasoning_counter():
     assert (c.count, c.at(0), c.at(1), c.at(2), c.at(4), c.at(99)) == (2, 0, 1, 2, 2, 2)
     with pytest.raises(ValueError):
         ReasoningCounter(think, end).at(1)
+
+
+def test_mtp_layers_and_the_speculative_config_flag(tmp_path):
+    """Issue 49: MTP layers as vLLM's speculative config reads them; the launcher's flag, the user's own
+    --speculative-config winning, and a clear refusal for a checkpoint that cannot draft."""
+    assert family.mtp_layers({"num_nextn_predict_layers": 1}) == 1  # Qwen3-Next, the MTP demo
+    assert family.mtp_layers({"text_config": {"mtp_num_hidden_layers": 1}}) == 1  # Qwen3.5/3.6 checkpoints
+    assert family.mtp_layers({"mtp_num_hidden_layers": 2}) == 2
+    for none in ({}, {"num_nextn_predict_layers": 0}, {"num_nextn_predict_layers": True},
+                 {"num_nextn_predict_layers": "1"}, {"text_config": "x"}):
+        assert family.mtp_layers(none) == 0
+    mtp = family.detect(model_dir(tmp_path, {**HYBRID_CONFIG, "num_nextn_predict_layers": 1}, 248046), "cpu")
+    assert mtp.mtp_layers == 1
+    assert family.mtp_flags(mtp, 2, set()) == [
+        "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']
+    assert family.mtp_flags(mtp, 0, set()) == [] and family.mtp_flags(mtp, 3, {"speculative_config"}) == []
+    plain = family.detect(model_dir(tmp_path, HYBRID_CONFIG, 248046), "cpu")
+    assert plain.mtp_layers == 0 and family.mtp_flags(plain, 0, set()) == []
+    with pytest.raises(ValueError, match="declares no MTP layers"):
+        family.mtp_flags(plain, 2, set())
+    with pytest.raises(ValueError, match="needs a checkpoint with MTP"):
+        family.mtp_flags(family.detect("Qwen/Qwen3-8B"), 1, set())
+    hub = family.detect("Qwen/Qwen3.6-27B")  # a hub id: unknown, vLLM checks when it loads the config
+    assert hub.mtp_layers is None and family.mtp_flags(hub, 1, set())[0] == "--speculative-config"

@@ -1,0 +1,87 @@
+"""Issue 49 (first step): the hybrid demo with an MTP head, served with MTP speculative decoding through the launcher
+(``--qwen-mtp-speculative-tokens 2``). The ``qwen36-mtp-half`` variant accepts about half of its drafts, so one server
+shows accepted and rejected drafts; counts stay exact on every streamed chunk (a chunk can carry several tokens) and
+in the ledger. Prefix caching is off here: with it on, vLLM 0.32's CPU build has no replacement for the two fused
+Triton kernels that speculative decoding on a hybrid model launches (the next step of the issue)."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from .conftest import Server, early_then_stopped
+from .test_hybrid_demo import END_THINK, ledger_row
+
+MODEL = "qwen36-mtp-half"
+EARLY_GB = 3  # one server
+
+
+def start_early(tmp_path_factory) -> dict:
+    return {"mtp": Server(["--model", MODEL, "--qwen-mtp-speculative-tokens", "2", "--no-enable-prefix-caching"],
+                          tmp_path_factory.mktemp("logs") / "mtp.log", data_dir=tmp_path_factory.mktemp("mtp"))}
+
+
+@pytest.fixture(scope="module")
+def mtp(request):
+    for started in early_then_stopped(request, start_early):
+        started["mtp"].wait_healthy()
+        yield started["mtp"]
+
+
+def spec_counters(server) -> dict:
+    from qwen_vllm_ext.usage.reconcile import parse_counters
+
+    names = ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+             "vllm:spec_decode_num_accepted_tokens_total", "vllm:generation_tokens_total"]
+    return parse_counters(httpx.get(server.base_url + "/metrics", timeout=30).text, names)
+
+
+def stream(c, body: dict, rid: str) -> tuple[list[int], list[tuple[int, dict]]]:
+    """Generated ids and (ids so far, usage) of every chunk of one streamed chat request."""
+    ids, usages = [], []
+    with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True, "return_token_ids": True},
+                  headers={"x-request-id": rid}) as s:
+        assert s.status_code == 200, s.read()
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                for ch in chunk["choices"]:
+                    ids += ch.get("token_ids") or []
+                if chunk.get("usage"):
+                    usages.append((len(ids), chunk["usage"]))
+    return ids, usages
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_drafts_are_accepted_and_rejected_and_every_chunk_counts_exactly(mtp, thinking):
+    before = spec_counters(mtp)
+    with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
+        for i in range(3):
+            rid = f"mtp-{thinking}-{i}"
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"Count the boats in harbour {i}."}],
+                    "max_tokens": 48 + 16 * i, "temperature": 0, "ignore_eos": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                    "chat_template_kwargs": {"enable_thinking": thinking}}
+            ids, usages = stream(c, body, rid)
+            assert len(ids) == body["max_tokens"]
+            for n, usage in usages:  # every chunk: the exact count so far, however many tokens it carries
+                assert usage["completion_tokens"] == n, (n, usage)
+                before_end = ids[:n].index(END_THINK) if END_THINK in ids[:n] else n
+                want = before_end if thinking else 0
+                assert usage["completion_tokens_details"]["reasoning_tokens"] == want, (n, usage)
+            final = usages[-1][1]
+            row = ledger_row(mtp.data_dir, rid)
+            assert (row["prompt_tokens"], row["completion_tokens"]) == (final["prompt_tokens"], len(ids))
+            assert row["reasoning_tokens"] == final["completion_tokens_details"]["reasoning_tokens"]
+    deadline = time.monotonic() + 10
+    while True:  # the engine's counters reach /metrics within its logging interval
+        after = spec_counters(mtp)
+        grew = {k: after[k] - before[k] for k in after}
+        if grew["vllm:spec_decode_num_drafts_total"] > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    drafted, accepted = grew["vllm:spec_decode_num_draft_tokens_total"], grew["vllm:spec_decode_num_accepted_tokens_total"]
+    print(f"mtp thinking={thinking}: {accepted:.0f} of {drafted:.0f} draft tokens accepted")
+    assert drafted > 0 and 0 < accepted < drafted, grew  # the half variant: some accepted, some rejected
