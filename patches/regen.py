@@ -177,6 +177,17 @@ PATCHES = [
             "cpu_seeded_sampling", "a seeded request prefilled in chunks keeps its sampling stream on the CPU "
             "(setting cpu_seeded_sampling)."))],
     },
+    {
+        "name": "cpu-spec-decode-kernels",
+        "subject": "qwen-vllm-ext: speculative decoding on a hybrid model with prefix caching on the CPU build",
+        "body": "The fused Triton kernels that move recurrent states under speculative decoding in align\n"
+                "mode (precopy_mamba_align_fused_kernel, postprocess_mamba_fused_kernel) get CPU\n"
+                "implementations through vLLM's kernel-override registry when Triton is absent (setting\n"
+                "cpu_spec_decode_kernels).\n",
+        "edits": [("vllm/v1/worker/mamba_utils.py", APPEND, _module_hook(
+            "cpu_spec_decode_kernels", "CPU implementations of the fused recurrent-state copies of speculative "
+            "decoding (setting cpu_spec_decode_kernels)."))],
+    },
 ]
 
 GIT_ENV = {

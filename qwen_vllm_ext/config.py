@@ -208,6 +208,11 @@ class Settings:
     the engine (vLLM 0.32 rewinds its generator with an offset a CPU generator does not have: ``EngineDeadError``);
     runtime patch of the CPU model runner (``qwen_vllm_ext/sampling/cpu_seeds.py``). false = vLLM's stock behaviour."""
 
+    cpu_spec_decode_kernels: bool = True
+    """On the CPU build, speculative decoding (MTP) on a hybrid model with prefix caching: CPU implementations of the
+    two fused Triton kernels vLLM launches to move the recurrent states (``qwen_vllm_ext/spec/cpu_mamba_kernels.py``);
+    without them the engine dies on the first request. false = vLLM's stock behaviour."""
+
     # ---- connections (API server; qwen_vllm_ext/gateway/connections.py) ------------------------
     connection_guard: bool = True
     """Protect the API server's sockets from idle and half-open connections (runtime patch of vLLM's uvicorn server):

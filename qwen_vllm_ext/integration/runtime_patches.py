@@ -59,9 +59,18 @@ def _cpu_seeded_sampling() -> RuntimePatch:
                         "cpu_seeded_sampling")
 
 
+def _cpu_spec_decode_kernels() -> RuntimePatch:
+    from ..spec import cpu_mamba_kernels
+
+    # the model runner's fused state copies under speculative decoding, in the workers (and the engine core)
+    return RuntimePatch("cpu_spec_decode_kernels", cpu_mamba_kernels.install, {"worker", "engine_core"},
+                        cpu_mamba_kernels.PATCH_TARGETS, "cpu_spec_decode_kernels")
+
+
 _BUILDERS = {"usage_accounting": _usage_accounting, "per_chunk_usage": _per_chunk_usage,
              "token_weighted_scheduler": _token_weighted_scheduler, "turn_checkpoints": _turn_checkpoints,
-             "connection_guard": _connection_guard, "cpu_seeded_sampling": _cpu_seeded_sampling}
+             "connection_guard": _connection_guard, "cpu_seeded_sampling": _cpu_seeded_sampling,
+             "cpu_spec_decode_kernels": _cpu_spec_decode_kernels}
 
 
 def runtime_patch(name: str) -> RuntimePatch:

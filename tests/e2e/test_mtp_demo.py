@@ -1,8 +1,9 @@
-"""Issue 49 (first step): the hybrid demo with an MTP head, served with MTP speculative decoding through the launcher
-(``--qwen-mtp-speculative-tokens 2``). The ``qwen36-mtp-half`` variant accepts about half of its drafts, so one server
-shows accepted and rejected drafts; counts stay exact on every streamed chunk (a chunk can carry several tokens) and
-in the ledger. Prefix caching is off here: with it on, vLLM 0.32's CPU build has no replacement for the two fused
-Triton kernels that speculative decoding on a hybrid model launches (the next step of the issue)."""
+"""Issue 49: the hybrid demo with an MTP head, served with MTP speculative decoding and prefix caching through the
+launcher (``--qwen-mtp-speculative-tokens 2``). The ``qwen36-mtp-half`` variant accepts about half of its drafts, so
+one server shows accepted and rejected drafts; counts stay exact on every streamed chunk (a chunk can carry several
+tokens) and in the ledger. Prefix caching on needs the CPU implementations of the two fused Triton kernels that
+speculative decoding on a hybrid model launches (``qwen_vllm_ext/spec/cpu_mamba_kernels.py``): without them the engine
+dies on the first request."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ EARLY_GB = 3  # one server
 
 
 def start_early(tmp_path_factory) -> dict:
-    return {"mtp": Server(["--model", MODEL, "--qwen-mtp-speculative-tokens", "2", "--no-enable-prefix-caching"],
+    return {"mtp": Server(["--model", MODEL, "--qwen-mtp-speculative-tokens", "2"],
                           tmp_path_factory.mktemp("logs") / "mtp.log", data_dir=tmp_path_factory.mktemp("mtp"))}
 
 
@@ -85,3 +86,34 @@ def test_drafts_are_accepted_and_rejected_and_every_chunk_counts_exactly(mtp, th
     drafted, accepted = grew["vllm:spec_decode_num_draft_tokens_total"], grew["vllm:spec_decode_num_accepted_tokens_total"]
     print(f"mtp thinking={thinking}: {accepted:.0f} of {drafted:.0f} draft tokens accepted")
     assert drafted > 0 and 0 < accepted < drafted, grew  # the half variant: some accepted, some rejected
+
+
+def test_prefix_caching_serves_later_turns_from_cache_with_mtp(mtp):
+    """Speculative decoding and prefix caching together on the hybrid engine (the fused state copies run on the CPU
+    implementations): a conversation's second request gets its shared prefix from cache (vLLM's own checkpoint at
+    the previous prompt's tail, floored to the match unit), and the engine serves on."""
+    from qwen_vllm_ext.kv.reuse import common_prefix
+
+    messages = [{"role": "system", "content": "You keep a harbour log. " * 30},
+                {"role": "user", "content": "Log the morning arrivals."}]
+    kwargs = {"enable_thinking": False}
+    with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
+        def tokens(msgs):
+            r = c.post("/tokenize", json={"model": MODEL, "messages": msgs, "add_generation_prompt": True,
+                                          "chat_template_kwargs": kwargs})
+            assert r.status_code == 200, r.text
+            return r.json()["tokens"]
+
+        body = {"model": MODEL, "max_tokens": 40, "temperature": 0, "ignore_eos": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                "chat_template_kwargs": kwargs}
+        first = tokens(messages)
+        ids, usages = stream(c, {**body, "messages": messages}, "mtp-cache-1")
+        follow = messages + [{"role": "assistant", "content": "Three boats."}, {"role": "user", "content": "And now?"}]
+        second = tokens(follow)
+        ids2, usages2 = stream(c, {**body, "messages": follow}, "mtp-cache-2")
+    final = usages2[-1][1]
+    cached = (final.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    shared = common_prefix(first, second)
+    assert final["prompt_tokens"] == len(second) and len(ids2) == 40
+    assert 0 < cached <= shared // 16 * 16, (cached, shared)

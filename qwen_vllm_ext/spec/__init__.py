@@ -1,0 +1,1 @@
+"""Speculative decoding (MTP) on hybrid Qwen models."""
