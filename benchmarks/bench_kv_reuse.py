@@ -389,6 +389,8 @@ HYBRID_GENERATED_MODES = {
     "dense": ([*OFFICIAL, "--prefix-cache-retention-interval", "None"], HYBRID_OFF),
     "no-cache": ([*OFFICIAL, "--no-enable-prefix-caching"], HYBRID_OFF),
     "product-aa": ([], {}),
+    # the launcher's defaults before issue 48's sweep: reasoning of earlier turns kept too (preserve_thinking true)
+    "product-preserve": (["--default-chat-template-kwargs", '{"preserve_thinking": true}'], {}),
     "answers-off": (["--qwen-kv-answer-checkpoints", "false"], {}),  # the launcher's defaults but this one
     "answers-off-aa": (["--qwen-kv-answer-checkpoints", "false"], {}),
 }
@@ -440,10 +442,12 @@ class GeneratedConversation:
     cache can give: the shared part the engine computed -- not the last generated token, never fed back -- floored
     to the match unit) and ``prev_seen`` (the previous prompt + generated ids)."""
 
-    def __init__(self, conv_id: str, seed: int, thinking: bool, words: dict[int, str]):
+    def __init__(self, conv_id: str, seed: int, thinking: bool, words: dict[int, str],
+                 template_kwargs: dict | None = None):
         from qwen_vllm_ext.bench.prompts import PromptFactory
 
         self.conv_id, self.seed, self.thinking, self.words = conv_id, seed, thinking, words
+        self.template_kwargs = template_kwargs or {}  # besides enable_thinking (e.g. preserve_thinking)
         self.pf = PromptFactory(seed=seed, template="qwen3.5", model="qwen3.6")
         self.messages = [{"role": "system", "content": self.pf.text(200)}]
         self.prev: list[int] = []
@@ -456,7 +460,7 @@ class GeneratedConversation:
         body = {"model": HYBRID_MODEL, "messages": list(self.messages), "max_tokens": length, "ignore_eos": True,
                 "temperature": 0, "allowed_token_ids": list(self.words), "stream": True, "return_token_ids": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                "chat_template_kwargs": {"enable_thinking": self.thinking}}
+                "chat_template_kwargs": {**self.template_kwargs, "enable_thinking": self.thinking}}
         turn = chat_turn(client, body, {"x-session-id": self.conv_id})
         ids, gen = turn.pop("prompt_ids"), turn.pop("gen_ids")
         assert turn["prompt_tokens"] == len(ids) and len(gen) == length
@@ -476,9 +480,9 @@ class GeneratedConversation:
 
 
 def generated_conversation(client: httpx.Client, conv_id: str, seed: int, turns: int, thinking: bool,
-                           words: dict[int, str]) -> list[dict]:
+                           words: dict[int, str], template_kwargs: dict | None = None) -> list[dict]:
     """``turns`` turns of a :class:`GeneratedConversation`, one per request."""
-    conversation = GeneratedConversation(conv_id, seed, thinking, words)
+    conversation = GeneratedConversation(conv_id, seed, thinking, words, template_kwargs)
     return [conversation.turn(client) for _ in range(turns)]
 
 
@@ -582,11 +586,17 @@ def saturation_run(server: ServeProcess, seed0: int, clients: int, turns: int, w
 
     def sample() -> None:
         while not stop.is_set():
-            samples.append(server.metrics(names))
+            try:
+                samples.append(server.metrics(names))
+            except OSError:  # the server is gone: the clients report why
+                return
             stop.wait(0.5)
 
     def client(conversation: GeneratedConversation) -> list[dict]:
-        with httpx.Client(base_url=server.base_url, timeout=600) as http:
+        # a connection per request: a kept-alive one can be closed by the server just as the next turn goes out on
+        # it ("Server disconnected without sending a response"), and a request is never retried (no double count)
+        with httpx.Client(base_url=server.base_url, timeout=600,
+                          limits=httpx.Limits(max_keepalive_connections=0)) as http:
             return [conversation.turn(http) for _ in range(turns)]
 
     convos = [GeneratedConversation(f"sat-{seed0}-{c}", seed0 + c, False, words) for c in range(clients)]

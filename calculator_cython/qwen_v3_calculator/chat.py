@@ -44,6 +44,9 @@ __all__ = ["TEMPLATES", "REUSE_TEMPLATES", "count_chat", "render_chat", "normali
 TEMPLATES = ("qwen2.5", "qwen3", "qwen3.5")  # official templates (reference texts: qwen_vllm_ext.common.assets)
 # shipped by this package: name -> file in data/
 REUSE_TEMPLATES = {"qwen3-reuse": "qwen3-reuse.jinja", "qwen3.5-reuse": "qwen3.5-reuse.jinja"}
+ANSWERS = "answers"
+"""``preserve_thinking`` value of the reuse templates: keep turns without reasoning as generated (answers reused),
+render turns with reasoning as the official template does (reasoning dropped before the last user query)."""
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _TEXT_PART_TYPES = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
                     "thinking": "thinking"}  # part type -> key holding its text
@@ -358,7 +361,9 @@ def _render_qwen3(msgs, tools, add_generation_prompt, enable_thinking, preserve_
                 reasoning = ""
                 if "</think>" in content:
                     reasoning, content = _split_think(content)
-            if preserve_thinking or (i > last_query and (i == n - 1 or reasoning)):
+            keep = (bool(preserve_thinking) and preserve_thinking != ANSWERS) or \
+                (preserve_thinking == ANSWERS and not reasoning.strip("\n"))
+            if keep or (i > last_query and (i == n - 1 or reasoning)):
                 out.append("<|im_start|>assistant\n<think>\n" + reasoning.strip("\n") + "\n</think>\n\n"
                            + content.lstrip("\n"))
             else:
@@ -433,18 +438,24 @@ def _render_qwen35(msgs, tools, add_generation_prompt, enable_thinking, preserve
         elif role == "user":
             out.append("<|im_start|>user\n" + content + "<|im_end|>\n")
         elif role == "assistant":
-            if preserve_thinking:
+            keep = bool(preserve_thinking) and preserve_thinking != ANSWERS
+            if preserve_thinking == ANSWERS:  # kept as generated when it has no reasoning
+                raw, thought = _text35(m["content"]), m.get("reasoning_content")
+                if not isinstance(thought, str):
+                    thought = _split_think(raw)[0] if "</think>" in raw else ""
+                keep = not thought.strip("\n")
+            if keep:
                 content = _text35(m["content"])
             reasoning = m.get("reasoning_content")
             if not isinstance(reasoning, str):
                 reasoning = ""
                 if "</think>" in content:
                     reasoning, content = _split_think(content)
-            if preserve_thinking:
+            if keep:
                 reasoning, content = reasoning.strip("\n"), content.lstrip("\n")
             else:
                 reasoning = reasoning.strip()
-            if preserve_thinking or i > last_query:
+            if keep or i > last_query:
                 out.append("<|im_start|>assistant\n<think>\n" + reasoning + "\n</think>\n\n" + content)
             else:
                 out.append("<|im_start|>assistant\n" + content)
@@ -466,12 +477,17 @@ def _render_qwen35(msgs, tools, add_generation_prompt, enable_thinking, preserve
     return "".join(out)
 
 
+def _preserve(value):
+    """``preserve_thinking`` as the reuse templates read it: :data:`ANSWERS`, or any value's truth."""
+    return value if value == ANSWERS else bool(value)
+
+
 def _render_qwen3_reuse(msgs, tools, add_generation_prompt, enable_thinking, preserve_thinking=True) -> str:
-    return _render_qwen3(msgs, tools, add_generation_prompt, enable_thinking, bool(preserve_thinking))
+    return _render_qwen3(msgs, tools, add_generation_prompt, enable_thinking, _preserve(preserve_thinking))
 
 
 def _render_qwen35_reuse(msgs, tools, add_generation_prompt, enable_thinking, preserve_thinking=True) -> str:
-    return _render_qwen35(msgs, tools, add_generation_prompt, enable_thinking, bool(preserve_thinking))
+    return _render_qwen35(msgs, tools, add_generation_prompt, enable_thinking, _preserve(preserve_thinking))
 
 
 _RENDERERS = {"qwen2.5": _render_qwen25, "qwen3": _render_qwen3, "qwen3.5": _render_qwen35,

@@ -116,6 +116,14 @@ def weight_params(config: dict) -> int:
     return embeddings + layers + n_layers * (mlp + 2 * hidden) + hidden
 
 
+def copy_reserve(num_blocks: int, running: int, groups: int) -> int:
+    """Free blocks an answer-state copy must leave in a pool of ``num_blocks``: a copy takes a block outside the
+    scheduler's allocation, so it never may leave a running request short. Each of the ``running`` requests can need
+    a new block in each of the ``groups`` KV-cache groups at its next step (a block boundary), so the copy is skipped
+    while free blocks are at or below that, and at least max(2, blocks / 32) stay free."""
+    return max(2, num_blocks // 32, running * groups)
+
+
 # States a running request holds at most in vLLM's ``align`` mode without speculative decoding (the running one and
 # the one being written at a block boundary): MambaSpec.max_memory_usage_bytes, what vLLM's "Maximum concurrency"
 # log line counts
@@ -137,7 +145,7 @@ def memory_plan(config: dict, gpu_bytes: int, *, utilization: float = 0.92, rese
 
     Per ``concurrency`` C (conversations with a request in flight, ``context_tokens`` each): how many run at once
     (the rest wait in vLLM's queue), the blocks answer checkpoints take beside them (one kept state per running
-    request at most, evictable, and none once free blocks fall to the copy guard ``max(2, blocks // 32)``), how
+    request at most, evictable, and none once free blocks fall to the copy guard :func:`copy_reserve`), how
     many idle conversations' prefixes (attention blocks and one live state each) the rest of the pool keeps, with
     and without answer checkpoints, and the copy traffic: a running request copies its state once per ``unit``
     generated tokens, so a decode step moves ``running / unit`` states (read and written), against what the step
@@ -152,7 +160,6 @@ def memory_plan(config: dict, gpu_bytes: int, *, utilization: float = 0.92, rese
     block_bytes = s["padded"] // s["layers"] * s["attention_layers"]
     state_blocks = math.ceil(s["layers"] / s["attention_layers"])
     blocks = max(pool // block_bytes, 0)
-    guard = max(2, blocks // 32)
     attention_blocks = math.ceil(context_tokens / s["block_size"])
     per_running = attention_blocks + RUNNING_STATES * state_blocks
     kept = attention_blocks + state_blocks  # an idle conversation's prefix and its one live state
@@ -161,6 +168,7 @@ def memory_plan(config: dict, gpu_bytes: int, *, utilization: float = 0.92, rese
     for c in concurrency:
         running = min(c, blocks // per_running)
         free = blocks - running * per_running
+        guard = copy_reserve(blocks, running, 1 + state_blocks)  # one attention group and the state groups
         answers = min(running, max(free - guard, 0) // state_blocks) * state_blocks  # whole states
         read = params * weight_bytes_per_param / tp
         if experts and running:
@@ -169,11 +177,12 @@ def memory_plan(config: dict, gpu_bytes: int, *, utilization: float = 0.92, rese
             read -= int(cfg["num_hidden_layers"]) * per_layer * (1 - touched) * weight_bytes_per_param / tp
         step = read + running * (context_tokens * s["attention_bytes_per_token"] + 2 * s["raw"])
         copy = running / unit * 2 * s["raw"]
-        rows.append({"concurrency": c, "running": running, "waiting": c - running, "answer_blocks": answers,
+        rows.append({"concurrency": c, "running": running, "waiting": c - running, "copy_guard": guard,
+                     "answer_blocks": answers,
                      "idle_kept": (free - answers) // kept, "idle_kept_without_answers": free // kept,
                      "copy_bytes_per_step": copy, "step_bytes": step, "copy_share": copy / (step + copy),
                      "copy_ms_per_step": 1000 * copy / hbm_bytes_per_s if hbm_bytes_per_s else None})
     return {"params": params, "weight_bytes": weights, "pool_bytes": pool, "block_bytes": block_bytes,
-            "block_tokens": s["block_size"], "state_blocks": state_blocks, "blocks": blocks, "copy_guard": guard,
+            "block_tokens": s["block_size"], "state_blocks": state_blocks, "blocks": blocks,
             "state_raw": s["raw"], "state_padded": s["padded"], "states_max": blocks // state_blocks,
             "attention_blocks": attention_blocks, "rows": rows}

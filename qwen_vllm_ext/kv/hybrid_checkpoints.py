@@ -56,7 +56,7 @@ import math
 import os
 import time
 
-from .checkpoints import turn_boundary
+from .checkpoints import copy_reserve, turn_boundary
 
 # a child of vLLM's logger: the engine core configures only "vllm" (its handler and level), so INFO lines of a
 # logger outside it never reach the log
@@ -158,6 +158,7 @@ def enable(scheduler, settings=None) -> str | None:
     kvm._qwen_answer_why_not = why_not
     if why_not is None:
         for manager in kvm.coordinator.single_type_managers:
+            manager._qwen_groups = len(kvm.coordinator.single_type_managers)  # KV-cache groups sharing the pool
             if isinstance(manager, (MambaManager, FullAttentionManager)):
                 manager._qwen_answer_unit = scheduler.hash_block_size
     return None
@@ -196,6 +197,12 @@ def keep_answer_state(manager, request, finished: bool = False):
     if kept is None:
         kept = request._qwen_answer_states = {}
     previous = kept.get(manager.kv_cache_group_id)
+    if not finished and pool.get_num_free_blocks() <= copy_reserve(
+            pool.num_gpu_blocks, len(manager.req_to_blocks), getattr(manager, "_qwen_groups", 1)):
+        # a copy takes a free block (a fresh one, or the previous state's, which sits in the free queue) outside the
+        # step's allocation: never while a running request could need it (issue 48: no extra preemptions)
+        count(manager, "answer_copies_skipped")
+        return None
     # the request's previous answer state is superseded: drop it from the cache when nobody holds it, and copy the
     # new one into its block -- taking a fresh block every 16 tokens would evict the LRU cache's oldest entries
     # (other conversations' prefixes) all through a long answer
@@ -213,10 +220,6 @@ def keep_answer_state(manager, request, finished: bool = False):
         if reuse is not None:
             pool.touch([reuse])  # out of the free queue, held (ref 1) like a fresh block
             kept_block = reuse
-        elif pool.get_num_free_blocks() <= max(2, pool.num_gpu_blocks // 32):
-            # a fresh block is taken outside the step's allocation: never when it could leave a request short
-            count(manager, "answer_copies_skipped")
-            return None
         else:
             kept_block = pool.get_new_blocks(1)[0]
         key = pool.cache_partial_block(request=request, block=kept_block, num_tokens=c,

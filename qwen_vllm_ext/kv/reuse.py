@@ -29,7 +29,13 @@ REUSE_TEMPLATE = "qwen3-reuse"
 HYBRID_REUSE_TEMPLATE = "qwen3.5-reuse"
 # the package's prefix-stable templates -> the official template each renders with preserve_thinking=false
 OFFICIAL_OF = {REUSE_TEMPLATE: "qwen3", HYBRID_REUSE_TEMPLATE: "qwen3.5"}
-DEFAULT_TEMPLATE_KWARGS = {"preserve_thinking": True}
+# the server's default template kwargs per reuse template. Qwen3.5/3.6 (issue 48's cache-pressure sweep): "answers"
+# keeps a thinking-off turn as generated (its answer reused) and drops earlier reasoning as the official template
+# does: keeping it doubled the thinking-on prompts and, once the cache held a fraction of the conversations,
+# computed more prefill than vLLM with the official template. A client that wants the reasoning kept sends
+# chat_template_kwargs {"preserve_thinking": true}.
+DEFAULT_TEMPLATE_KWARGS = {REUSE_TEMPLATE: {"preserve_thinking": True},
+                           HYBRID_REUSE_TEMPLATE: {"preserve_thinking": "answers"}}
 
 QWEN3_MODEL_TYPES = ("qwen3", "qwen3_moe")
 # Hugging Face ids of the original Qwen3 hybrid-thinking checkpoints (Qwen3-8B, Qwen3-30B-A3B-FP8, ...).
@@ -112,7 +118,7 @@ def launcher_flags(enabled: bool, model: str, given: set[str]) -> tuple[list[str
         return [], f"off: {reason}"
     flags = ["--chat-template", template_path(name)]
     if "default_chat_template_kwargs" not in given:
-        flags += ["--default-chat-template-kwargs", json.dumps(DEFAULT_TEMPLATE_KWARGS)]
+        flags += ["--default-chat-template-kwargs", json.dumps(DEFAULT_TEMPLATE_KWARGS[name])]
     return flags, f"on: {name} template ({reason})"
 
 

@@ -78,7 +78,7 @@ def test_the_launcher_serves_the_family(hybrid):
                          capture_output=True, text=True, timeout=300).stdout.splitlines()
     for flag in ("--dtype bfloat16", "--reasoning-parser qwen3", "--tool-call-parser qwen3_coder",
                  "--enable-auto-tool-choice", "--prefix-match-unit 16", f"--served-model-name {MODEL}",
-                 '--default-chat-template-kwargs {"preserve_thinking": true}'):
+                 '--default-chat-template-kwargs {"preserve_thinking": "answers"}'):
         assert flag in cmd, (flag, cmd)
     assert any(line.startswith("--chat-template ") and line.endswith("/qwen3.5-reuse.jinja") for line in cmd), cmd
     health = httpx.get(server.base_url + "/qwen_ext/health", timeout=30).json()
@@ -315,18 +315,34 @@ def test_every_turn_resumes_where_the_previous_prompt_diverges(hybrid, thinking)
             prev = ids
 
 
-@pytest.mark.parametrize("thinking", [True, False])
-def test_answers_are_reused_with_the_prefix_stable_template(hybrid, thinking):
+@pytest.mark.parametrize("thinking,preserve", [(False, None), (True, True)])
+def test_answers_are_reused_with_the_prefix_stable_template(hybrid, thinking, preserve):
     """The launcher serves the family with ``qwen3.5-reuse``: fed back as vLLM's reasoning parser returned it, the
     previous prompt and everything the model generated come back token for token, and the answer checkpoints give
     every turn all of it from cache, to the match unit (the last generated token was never computed) -- the
-    previous answer (20-600 tokens) is not prefilled again. Counts stay exact."""
+    previous answer (20-600 tokens) is not prefilled again. Thinking off, with the server's default
+    (``preserve_thinking: "answers"``); thinking on, for a client that keeps the reasoning
+    (``preserve_thinking: true``). Counts stay exact."""
     server, _, key = hybrid
+    extra = {} if preserve is None else {"preserve_thinking": preserve}
     with client(server, key) as c:
-        turns = generated_conversation(c, f"answers-{thinking}", 7 + thinking, 6, thinking, hybrid_words())
+        turns = generated_conversation(c, f"answers-{thinking}", 7 + thinking, 6, thinking, hybrid_words(), extra)
     for k, turn in enumerate(turns[1:], 1):
         assert turn["shared"] == turn["prev_seen"], (k, turn)  # prefix-stable: all of it comes back
         assert turn["cached_tokens"] == turn["bound"] >= turn["prev_seen"] - 2 * UNIT, (k, turn)
+
+
+def test_thinking_on_by_default_drops_earlier_reasoning_and_resumes_at_the_turn(hybrid):
+    """Issue 48: by default (``preserve_thinking: "answers"``) a turn generated with thinking on comes back as the
+    official template renders it, its reasoning dropped (not re-sent, re-billed and re-prefilled every turn): each
+    request shares the previous prompt up to its last ``<|im_start|>assistant\n`` and gets exactly that from cache
+    (the turn checkpoint), floored to the match unit."""
+    server, _, key = hybrid
+    with client(server, key) as c:
+        turns = generated_conversation(c, "answers-default-on", 17, 4, True, hybrid_words())
+    for k, turn in enumerate(turns[1:], 1):
+        assert turn["shared"] < turn["prev_seen"], (k, turn)  # the reasoning is not in the next prompt
+        assert turn["cached_tokens"] == turn["shared"] // UNIT * UNIT, (k, turn)
 
 
 def test_edited_history_falls_back_and_counts_stay_exact(hybrid):

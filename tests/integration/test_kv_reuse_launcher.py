@@ -45,7 +45,7 @@ def test_qwen35_family_gets_the_qwen35_reuse_template():
     q35 = template_path("qwen3.5-reuse")
     for model, gpus in (("Qwen/Qwen3.6-35B-A3B", A100), ("qwen36-demo", [])):
         args, *_ = serve.resolve(["--model", model], environ={}, gpus=gpus)
-        assert args.chat_template == q35 and args.default_chat_template_kwargs == {"preserve_thinking": True}
+        assert args.chat_template == q35 and args.default_chat_template_kwargs == {"preserve_thinking": "answers"}
         assert served_template(args) == "qwen3.5-reuse"
     args, *_ = serve.resolve(["--model", "qwen36-demo", "--default-chat-template-kwargs",
                               '{"preserve_thinking": false}'], environ={}, gpus=[])

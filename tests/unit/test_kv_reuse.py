@@ -74,7 +74,8 @@ def test_launcher_flags():
         "--chat-template", path]
     assert reuse.launcher_flags(True, "Qwen/Qwen2.5-7B-Instruct", set())[0] == []
     flags, note = reuse.launcher_flags(True, "Qwen/Qwen3.6-35B-A3B", set())
-    assert flags[:2] == ["--chat-template", template_path("qwen3.5-reuse")] and note.startswith("on: qwen3.5-reuse")
+    assert flags == ["--chat-template", template_path("qwen3.5-reuse"), "--default-chat-template-kwargs",
+                     '{"preserve_thinking": "answers"}'] and note.startswith("on: qwen3.5-reuse")
 
 
 def test_served_template_for_the_calculator():

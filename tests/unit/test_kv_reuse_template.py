@@ -52,7 +52,8 @@ def _jinja_or_refused(text, family, messages, tools, add_generation_prompt, thin
         return None
 
 
-PRESERVE = {"unset": {}, "true": {"preserve_thinking": True}, "false": {"preserve_thinking": False}}
+PRESERVE = {"unset": {}, "true": {"preserve_thinking": True}, "false": {"preserve_thinking": False},
+            "answers": {"preserve_thinking": "answers"}}
 
 
 @pytest.mark.parametrize("template", list(OFFICIAL))
@@ -193,3 +194,27 @@ def test_template_path_and_errors():
         template_path("qwen3")
     with pytest.raises(ValueError, match="unknown chat template"):
         render_chat([{"role": "user", "content": "hi"}], template="qwen3-reuse2")
+
+
+@pytest.mark.parametrize("template", list(OFFICIAL))
+def test_answers_mode_keeps_answers_and_drops_reasoning_like_the_official_template(template):
+    """preserve_thinking="answers" (issue 48: the Qwen3.5/3.6 default): a turn generated with thinking off comes
+    back as generated (empty think block, the answer), so the next prompt extends it; a turn with reasoning renders
+    as the official template renders it, reasoning dropped, so it is not re-sent (and re-billed) every turn."""
+    thought = [{"role": "user", "content": "2+2?"},
+               {"role": "assistant", "content": "4", "reasoning_content": "Add them."},
+               {"role": "user", "content": "Thanks"}]
+    plain = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+             {"role": "user", "content": "Thanks"}]
+    official = OFFICIAL[template]
+    for thinking in (True, False):
+        answers = render_chat(thought, template=template, enable_thinking=thinking, preserve_thinking="answers")
+        assert answers == render_chat(thought, template=official, enable_thinking=thinking)
+        assert "Add them." not in answers
+        kept = render_chat(plain, template=template, enable_thinking=thinking, preserve_thinking="answers")
+        assert kept == render_chat(plain, template=template, enable_thinking=thinking, preserve_thinking=True)
+        assert "<think>\n\n</think>\n\n4" in kept
+    # a thinking-off turn's prompt + answer is a prefix of the next prompt
+    first = render_chat(plain[:1], template=template, enable_thinking=False, preserve_thinking="answers")
+    nxt = render_chat(plain, template=template, enable_thinking=False, preserve_thinking="answers")
+    assert nxt.startswith(first + "4")

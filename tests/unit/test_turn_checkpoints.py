@@ -7,8 +7,8 @@ import pytest
 from qwen_v3_calculator.chat import render_chat
 from qwen_v3_calculator.tokenizer import Tokenizer
 from qwen_vllm_ext.demo import HYBRID_CONFIG
-from qwen_vllm_ext.kv.checkpoints import (MAX_GENERATION_TAIL, RUNNING_STATES, memory_plan, state_bytes,
-                                          turn_boundary, weight_params)
+from qwen_vllm_ext.kv.checkpoints import (MAX_GENERATION_TAIL, RUNNING_STATES, copy_reserve, memory_plan,
+                                          state_bytes, turn_boundary, weight_params)
 from qwen_vllm_ext.kv.reuse import common_prefix
 
 UNIT = 16
@@ -133,6 +133,13 @@ def test_memory_plan_blocks_and_concurrency_match_what_vllm_logged_for_the_demo(
     assert [r["running"] for r in p["rows"]] == [12, 12, 12] and [r["waiting"] for r in p["rows"]] == [0, 1, 52]
 
 
+def test_copy_reserve_keeps_a_block_per_group_for_every_running_request():
+    """Issue 48: an answer copy never takes a block a running request could need at its next step (each may cross
+    a block boundary in every KV-cache group), and at least max(2, blocks / 32) stay free."""
+    assert copy_reserve(80, 0, 4) == 2 and copy_reserve(80, 9, 4) == 36 and copy_reserve(3200, 1, 4) == 100
+    assert copy_reserve(1568, 64, 4) == 256 and copy_reserve(0, 0, 4) == 2
+
+
 def test_memory_plan_accounts_for_every_block_and_skips_answers_under_the_copy_guard():
     from benchmarks.hybrid_state_bytes import PUBLISHED
 
@@ -146,7 +153,8 @@ def test_memory_plan_accounts_for_every_block_and_skips_answers_under_the_copy_g
         for r in p["rows"]:
             free = p["blocks"] - r["running"] * per_running
             assert 0 <= r["answer_blocks"] <= r["running"] * p["state_blocks"]
-            assert r["answer_blocks"] <= max(free - p["copy_guard"], 0)  # copies stop at the guard
+            assert r["copy_guard"] == copy_reserve(p["blocks"], r["running"], 1 + p["state_blocks"])
+            assert r["answer_blocks"] <= max(free - r["copy_guard"], 0)  # copies stop at the guard
             assert r["idle_kept"] * kept + r["answer_blocks"] <= free and r["idle_kept"] <= r["idle_kept_without_answers"]
             assert r["running"] + r["waiting"] == r["concurrency"]
             assert r["copy_bytes_per_step"] == r["running"] / 16 * 2 * s["raw"]
