@@ -672,11 +672,11 @@ def run_saturation(args) -> int:
 
 
 def report_saturation(results: dict, args) -> None:
-    print(f"\nSaturation on the hybrid demo: {args.concurrency} concurrent conversations x {args.turns} turns (thinking "
-          f"off, generated answers of 20-600 tokens), {args.kv_blocks or 'the profile'}'s KV blocks, "
+    print(f"\nSaturation on the hybrid demo: {args.concurrency} concurrent conversations x {args.turns} turns "
+          f"(thinking off, generated answers of 20-600 tokens), {args.kv_blocks or 'the profile'}'s KV blocks, "
           f"{len(results['rounds'])} rounds\n")
-    print("| side | output tok/s (per round) | running requests, mean (max) | waiting, mean | preemptions | cached tokens "
-          "| TTFT mean ms |")
+    print("| side | output tok/s (per round) | running requests, mean (max) | waiting, mean | preemptions | "
+          "cached tokens | TTFT mean ms |")
     print("|---|---|---|---|---|---|---|")
     for side in SATURATION_SIDES:
         rows = [row[side] for row in results["rounds"]]

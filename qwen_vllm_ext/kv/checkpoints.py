@@ -43,6 +43,43 @@ def turn_boundary(prompt: Sequence[int], opener: Sequence[int], unit: int,
     return 0
 
 
+def answer_repeated(prompt: Sequence[int], opener: Sequence[int], think: tuple | None,
+                    max_tail: int = MAX_GENERATION_TAIL) -> bool:
+    """Will the next turn's prompt repeat what this request generates, under the reuse template's default
+    (``preserve_thinking: "answers"``)? ``think``: (``<think>`` id, ``</think>`` id, the ids between them in an empty
+    block); None: no think tokens, always yes. Yes when the generation prompt after the last ``opener`` already
+    closes the think block (thinking off: the answer comes back as generated), or when an earlier turn of the prompt
+    kept a non-empty think block (the client sends ``preserve_thinking: true``: the reasoning comes back too). No for
+    a thinking-on generation otherwise: the template drops its reasoning, so the next prompt diverges at the turn
+    boundary and a state kept inside the generation is never reused. Not a chat generation prompt (no opener in the
+    tail): yes, as before."""
+    if think is None:
+        return True
+    open_id, close_id, empty = think
+    n, k = len(prompt), len(opener)
+    start = -1
+    if k and n >= k:
+        first = opener[0]
+        for i in range(n - k, max(0, n - k - max_tail) - 1, -1):
+            if prompt[i] == first and list(prompt[i:i + k]) == list(opener):
+                start = i
+                break
+    if start < 0 or close_id in prompt[start + k:]:
+        return True
+    history = list(prompt[:start])
+    empty = list(empty)
+    i = 0
+    while True:
+        try:
+            i = history.index(open_id, i)
+            j = history.index(close_id, i + 1)
+        except ValueError:
+            return False
+        if history[i + 1:j] != empty:
+            return True
+        i = j + 1
+
+
 def _dtype_bytes(name: str | None) -> int:
     return {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}.get(str(name), 2)
 

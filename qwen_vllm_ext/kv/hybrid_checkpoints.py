@@ -56,7 +56,7 @@ import math
 import os
 import time
 
-from .checkpoints import copy_reserve, turn_boundary
+from .checkpoints import answer_repeated, copy_reserve, turn_boundary
 
 # a child of vLLM's logger: the engine core configures only "vllm" (its handler and level), so INFO lines of a
 # logger outside it never reach the log
@@ -104,13 +104,38 @@ def opener_ids(tokenizer) -> tuple[int, ...] | None:
     return tuple(int(i) for i in ids)
 
 
-def answer_checkpoints_apply(settings, model: str) -> str | None:
+def think_ids(tokenizer) -> tuple[int, int, tuple[int, ...]] | None:
+    """(``<think>`` id, ``</think>`` id, the ids between them in an empty block ``<think>\\n\\n</think>``) of the
+    served tokenizer; None when it has no think tokens (every generation is then taken to come back)."""
+    try:
+        ids = tokenizer.encode("<think>\n\n</think>", add_special_tokens=False)
+        open_id, close_id = tokenizer.convert_tokens_to_ids("<think>"), tokenizer.convert_tokens_to_ids("</think>")
+    except Exception:  # noqa: BLE001 - an unusual tokenizer: no think-aware answer states
+        return None
+    if len(ids) < 2 or ids[0] != open_id or ids[-1] != close_id:
+        return None
+    return int(open_id), int(close_id), tuple(int(i) for i in ids[1:-1])
+
+
+def _repeated(holder, request) -> bool:
+    """:func:`.checkpoints.answer_repeated` for ``request`` (computed once per request), with the opener and think
+    ids ``holder`` (the KV-cache manager or one of its single-type managers) carries."""
+    keep = getattr(request, "_qwen_answer_repeated", None)
+    if keep is None:
+        opener = getattr(holder, "_qwen_opener", None) or getattr(holder, "_qwen_turn_opener", None) or ()
+        prompt = getattr(request, "prompt_token_ids", None) or ()
+        keep = request._qwen_answer_repeated = answer_repeated(prompt, opener, getattr(holder, "_qwen_think", None))
+    return keep
+
+
+def answer_checkpoints_apply(settings, model: str, need_answer_checkpoints: bool = True) -> str | None:
     """None when answer checkpoints apply to the served ``model``, else why not. They pay off only where the next
     prompt repeats the answer token for token: the package's ``qwen3.5-reuse`` template, which the API server serves
-    for the same models (``kv_reuse_template``; a user's own ``--chat-template`` is not visible to the engine)."""
+    for the same models (``kv_reuse_template``; a user's own ``--chat-template`` is not visible to the engine).
+    ``need_answer_checkpoints=False``: whether that template is served, whatever ``kv_answer_checkpoints`` says."""
     from .reuse import HYBRID_REUSE_TEMPLATE, reuse_template_for
 
-    if not getattr(settings, "kv_answer_checkpoints", False):
+    if need_answer_checkpoints and not getattr(settings, "kv_answer_checkpoints", False):
         return "kv_answer_checkpoints=false"
     if not getattr(settings, "kv_reuse_template", False):
         return "kv_reuse_template=false (the official template re-renders answers)"
@@ -149,6 +174,15 @@ def enable(scheduler, settings=None) -> str | None:
     scheduler.mamba_shared_prefix_checkpoint = True
     kvm._qwen_turn_opener = opener
     kvm._qwen_turn_unit = scheduler.hash_block_size
+    try:
+        think = think_ids(cached_tokenizer_from_config(scheduler.vllm_config.model_config))
+    except Exception:  # noqa: BLE001 - the tokenizer loaded above; a failure here only drops the think check
+        think = None
+    kvm._qwen_think = think
+    # whether the served template repeats a generation in the next prompt (qwen3.5-reuse): else the next turn
+    # diverges at the turn boundary whatever was generated
+    kvm._qwen_repeats = answer_checkpoints_apply(settings, scheduler.vllm_config.model_config.model,
+                                                 need_answer_checkpoints=False) is None
     stats = dict.fromkeys(STATS, 0)  # one dict per engine, shared by its managers
     for manager in managers:
         manager._qwen_kv_stats = stats
@@ -159,6 +193,7 @@ def enable(scheduler, settings=None) -> str | None:
     if why_not is None:
         for manager in kvm.coordinator.single_type_managers:
             manager._qwen_groups = len(kvm.coordinator.single_type_managers)  # KV-cache groups sharing the pool
+            manager._qwen_opener, manager._qwen_think = opener, think
             if isinstance(manager, (MambaManager, FullAttentionManager)):
                 manager._qwen_answer_unit = scheduler.hash_block_size
     return None
@@ -173,7 +208,7 @@ def _answer_position(manager, request, block_ends: bool = True) -> int:
     unit = getattr(manager, "_qwen_answer_unit", 0)
     c = request.num_computed_tokens
     if (not unit or c <= request.num_prompt_tokens or c % unit or (c % manager.block_size == 0 and not block_ends)
-            or len(request.block_hashes) < c // unit):
+            or len(request.block_hashes) < c // unit or not _repeated(manager, request)):
         return 0
     blocks = manager.req_to_blocks[request.request_id]
     idx = (c - 1) // manager.block_size
@@ -277,6 +312,12 @@ def demote_superseded(kvm, request) -> int:
     if not unit or not hashes:
         return 0
     last = min(len(hashes), request.num_computed_tokens // unit)
+    if not (getattr(kvm, "_qwen_repeats", True) and _repeated(kvm, request)):
+        # the next prompt does not repeat this generation (the official template; thinking on with the reasoning
+        # dropped): the next turn resumes at the turn boundary, or at the prompt's own tail state when that lies
+        # before it; the states past it are not superseded by it
+        b = _boundary(kvm, request) or (request.num_prompt_tokens - 1) // unit * unit
+        last = min(last, b // unit)
     pending = getattr(kvm, "_qwen_superseded", None)
     if pending is None:
         pending = kvm._qwen_superseded = collections.deque(maxlen=MAX_PENDING)

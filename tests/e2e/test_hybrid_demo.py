@@ -329,6 +329,11 @@ def test_answers_are_reused_with_the_prefix_stable_template(hybrid, thinking, pr
         turns = generated_conversation(c, f"answers-{thinking}", 7 + thinking, 6, thinking, hybrid_words(), extra)
     for k, turn in enumerate(turns[1:], 1):
         assert turn["shared"] == turn["prev_seen"], (k, turn)  # prefix-stable: all of it comes back
+        if thinking and k == 1:
+            # the engine reads from the prompt whether reasoning comes back (a kept think block in the history):
+            # the first request has none, so its generation kept no answer state and the turn checkpoint serves
+            assert 0 < turn["cached_tokens"] < turn["bound"], (k, turn)
+            continue
         assert turn["cached_tokens"] == turn["bound"] >= turn["prev_seen"] - 2 * UNIT, (k, turn)
 
 

@@ -83,7 +83,8 @@ def test_drafts_are_accepted_and_rejected_and_every_chunk_counts_exactly(mtp, th
         if grew["vllm:spec_decode_num_drafts_total"] > 0 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    drafted, accepted = grew["vllm:spec_decode_num_draft_tokens_total"], grew["vllm:spec_decode_num_accepted_tokens_total"]
+    drafted = grew["vllm:spec_decode_num_draft_tokens_total"]
+    accepted = grew["vllm:spec_decode_num_accepted_tokens_total"]
     print(f"mtp thinking={thinking}: {accepted:.0f} of {drafted:.0f} draft tokens accepted")
     assert drafted > 0 and 0 < accepted < drafted, grew  # the half variant: some accepted, some rejected
 

@@ -7,8 +7,8 @@ import pytest
 from qwen_v3_calculator.chat import render_chat
 from qwen_v3_calculator.tokenizer import Tokenizer
 from qwen_vllm_ext.demo import HYBRID_CONFIG
-from qwen_vllm_ext.kv.checkpoints import (MAX_GENERATION_TAIL, RUNNING_STATES, copy_reserve, memory_plan,
-                                          state_bytes, turn_boundary, weight_params)
+from qwen_vllm_ext.kv.checkpoints import (MAX_GENERATION_TAIL, RUNNING_STATES, answer_repeated, copy_reserve,
+                                          memory_plan, state_bytes, turn_boundary, weight_params)
 from qwen_vllm_ext.kv.reuse import common_prefix
 
 UNIT = 16
@@ -155,7 +155,8 @@ def test_memory_plan_accounts_for_every_block_and_skips_answers_under_the_copy_g
             assert 0 <= r["answer_blocks"] <= r["running"] * p["state_blocks"]
             assert r["copy_guard"] == copy_reserve(p["blocks"], r["running"], 1 + p["state_blocks"])
             assert r["answer_blocks"] <= max(free - r["copy_guard"], 0)  # copies stop at the guard
-            assert r["idle_kept"] * kept + r["answer_blocks"] <= free and r["idle_kept"] <= r["idle_kept_without_answers"]
+            assert r["idle_kept"] * kept + r["answer_blocks"] <= free
+            assert r["idle_kept"] <= r["idle_kept_without_answers"]
             assert r["running"] + r["waiting"] == r["concurrency"]
             assert r["copy_bytes_per_step"] == r["running"] / 16 * 2 * s["raw"]
             assert 0 <= r["copy_share"] < 0.05
@@ -368,3 +369,29 @@ def test_superseded_states_stay_reachable_while_the_pool_is_roomy():
     assert demote_superseded(kvm, ours) == 2 and stats["states_demoted"] == 2
     taken = pool.get_new_blocks(5)
     assert {b.block_id for b in taken[3:]} == {states["turn1"][0].block_id, states["tail"][0].block_id}
+
+
+def test_answer_repeated_only_where_the_next_prompt_brings_the_generation_back(tok, opener):
+    """Issue 48: answer states are kept (and older states superseded by them) only where the next turn's prompt
+    repeats what the request generates under the default ``preserve_thinking: "answers"``: thinking off, or a client
+    whose history keeps reasoning (``preserve_thinking: true``). A thinking-on generation is otherwise dropped next
+    turn, so the next prompt diverges at the turn boundary."""
+    think = (tok.encode("<think>")[0], tok.encode("</think>")[0], tuple(tok.encode("<think>\n\n</think>")[1:-1]))
+    assert len(think[2]) >= 1
+
+    def prompt(messages, thinking, preserve="answers"):
+        return tok.encode(render_chat(messages, template="qwen3.5-reuse", enable_thinking=thinking,
+                                      preserve_thinking=preserve))
+
+    first = [{"role": "user", "content": "Plan the trip."}]
+    history = first + [{"role": "assistant", "content": "Go north.", "reasoning_content": "Weigh the roads."},
+                       {"role": "user", "content": "And then?"}]
+    plain = first + [{"role": "assistant", "content": "Go north."}, {"role": "user", "content": "And then?"}]
+    assert answer_repeated(prompt(first, False), opener, think)          # thinking off: the answer comes back
+    assert not answer_repeated(prompt(first, True), opener, think)       # thinking on, no kept reasoning
+    assert not answer_repeated(prompt(history, True), opener, think)     # "answers": the reasoning was dropped
+    assert not answer_repeated(prompt(plain, True), opener, think)       # empty think blocks are not reasoning
+    assert answer_repeated(prompt(history, True, True), opener, think)   # the client keeps reasoning
+    assert answer_repeated(prompt(history, False), opener, think)
+    assert answer_repeated(prompt(first, True), opener, None)            # no think tokens: as before
+    assert answer_repeated(tok.encode("plain text, no chat"), opener, think)  # not a chat generation prompt
