@@ -114,15 +114,31 @@ class ServeProcess:
             self._log.close()
 
 
+def _outside_ephemeral_range(n: int) -> tuple[int, int]:
+    """Ports to draw a fleet's block from: below the kernel's ephemeral range. A fleet binds its router's ports
+    minutes after the check (replicas start first); a block inside the ephemeral range can be taken meanwhile by
+    any outgoing connection or ``bind(0)`` (vLLM's own internal ports), and the router then dies with "Address
+    already in use"."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    if ephemeral_low - 10000 > 4 * n:
+        return 10000, ephemeral_low
+    return 20000, 60000
+
+
 def free_port_block(n: int, tries: int = 200) -> int:
     """The first of ``n`` consecutive free loopback ports (a fleet uses port .. port + replicas + 2)."""
     import random
 
     from ..fleet.processes import port_in_use  # the fleet's own preflight check: a block it accepts
 
+    low, high = _outside_ephemeral_range(n)
     rng = random.Random()
     for _ in range(tries):
-        base = rng.randrange(20000, 60000 - n)
+        base = rng.randrange(low, high - n)
         if not any(port_in_use(port) for port in range(base, base + n)):
             return base
     raise RuntimeError(f"no {n} consecutive free loopback ports found")

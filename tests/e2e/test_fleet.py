@@ -225,12 +225,17 @@ def test_revocation_on_one_replica_is_refused_by_every_replica_within_1s(fleet):
     r = admin(fleet.replica_urls[1]).delete(f"/qwen_ext/admin/keys/{created['key_id']}")
     revoked = time.monotonic()
     assert r.status_code == 200
+    # "within 1 s": no request sent 1 s or more after the revocation is admitted. A probe's send time is what
+    # counts, not when its answer came back (an admitted probe runs the model on a loaded machine)
     pending = set(range(len(clients)))
     while pending:
         for i in sorted(pending):
-            if clients[i].post("/v1/chat/completions", headers=auth, json=body).status_code == 401:
+            sent = time.monotonic() - revoked
+            status = clients[i].post("/v1/chat/completions", headers=auth, json=body).status_code
+            if status == 401:
                 pending.discard(i)
-        assert time.monotonic() - revoked < 1.0, f"replicas {sorted(pending)} still admit a revoked key after 1 s"
+            else:
+                assert sent < 1.0, f"replica {i} admitted a revoked key {sent:.2f} s after the revocation ({status})"
     via_router = httpx.post(fleet.base_url + "/v1/chat/completions", headers=auth, json=body, timeout=60)
     assert via_router.status_code == 401 and via_router.json()["error"]["code"] == "invalid_api_key"
 

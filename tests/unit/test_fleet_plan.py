@@ -113,3 +113,14 @@ def test_preflight_refuses_missing_router_and_ports_in_use(tmp_path):
         with pytest.raises(FleetError, match=rf"port {port} \(replica-0\) is in use"):
             processes.preflight(busy)
     assert plan.redis is None
+
+
+def test_test_fleets_draw_their_ports_below_the_ephemeral_range():
+    """A fleet binds its router's ports minutes after the block was checked free: a block among the ephemeral ports
+    can be taken meanwhile by an outgoing connection or a bind(0) (a CI run lost a router to exactly that)."""
+    from qwen_vllm_ext.bench.server import free_port_block
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    for _ in range(20):
+        base = free_port_block(5)
+        assert base + 5 <= ephemeral_low and not any(processes.port_in_use(p) for p in range(base, base + 5))
