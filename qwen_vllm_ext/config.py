@@ -218,10 +218,12 @@ class Settings:
     """Protect the API server's sockets from idle and half-open connections (runtime patch of vLLM's uvicorn server):
     the header timeout, the connection cap and the raised open-file limit below; false = uvicorn's stock behaviour
     (a connection that never sends a byte stays open for ever)."""
-    header_timeout_s: float = 15.0
+    header_timeout_s: float = 60.0
     """Close (with 408) a connection that has not sent a complete request head (request line and headers) this many
     seconds after it opened, or after the first byte of its next request on a kept-alive connection; a connection
-    busy with a request (a long stream) is never affected (0 = no timeout)."""
+    busy with a request (a long stream) is never affected (0 = no timeout). 60 s is nginx's
+    ``client_header_timeout``: a client whose own process stalls between connecting and sending (a loaded load
+    generator stalled 17 s) must not read a 408 for a request it did send; idle floods are handled by the cap."""
     max_connections: int = 0
     """Open HTTP connections per API-server process. Over it, the oldest connection still waiting for its request
     head (at least 1 s old) is closed to make room; when none is, the newcomer gets 503 with ``Retry-After`` (0 = the

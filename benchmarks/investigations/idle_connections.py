@@ -9,7 +9,7 @@ Phases, each against a fresh server:
 
 * ``stock``   connection_guard=false: N connections that never send a byte; probes of /health and POST /v1/echo
               (3 s timeout) while they are open; after --hold seconds, how many are still open.
-* ``guarded`` the default settings (header timeout 15 s, cap = open-file limit - 1,024): the same N connections;
+* ``guarded`` the default settings (header timeout 60 s, cap = open-file limit - 1,024): the same N connections;
               for each, when it was closed and with what (408 request_header_timeout, 408 idle_connection_closed
               when evicted at the cap, 503 refusal, reset), the probes, the guard's counters.
 * ``refusal`` max_connections=200: 200 connections each busy with a 6 s request, then 20 newcomers: what they read.

@@ -99,7 +99,7 @@ def test_the_plugin_is_not_loaded_and_the_source_patches_are_active(patched_serv
     assert health["patch_mode"] == "source" and health["disabled_patches"] == {}
     assert sorted(health["source_patches"]) == ["connection_guard", "per_chunk_usage", "token_weighted_scheduler",
                                                 "usage_accounting"]
-    assert health["connections"]["header_timeout_s"] == 15.0  # the launcher module's hook guarded vLLM's server
+    assert health["connections"]["header_timeout_s"] == 60.0  # the launcher module's hook guarded vLLM's server
     # only the API server's source hook recorded itself: the general plugin never ran (not in the engine core)
     assert health["plugin_loaded_in"] == ["api_server"]
     assert all(p["patch_mode"] == "source" for p in health["processes"])
