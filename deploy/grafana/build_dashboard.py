@@ -74,6 +74,15 @@ PANELS = [
           "percentunit", description="Alert above 0.92 sustained (QwenVllmKvCacheNearlyFull)."),
     panel("Preemptions/s", [q(f"sum by (instance) (rate(vllm:num_preemptions_total{{{M}}}[{RATE}]))",
                               "{{instance}}")], "short"),
+    panel("Speculative decoding (MTP): draft acceptance", [
+        q(f"sum by (model_name) (rate(vllm:spec_decode_num_accepted_tokens_total{{{M}}}[{RATE}])) / "
+          f"sum by (model_name) (rate(vllm:spec_decode_num_draft_tokens_total{{{M}}}[{RATE}]))",
+          "accepted share {{model_name}}"),
+        q(f"1 + sum by (model_name) (rate(vllm:spec_decode_num_accepted_tokens_total{{{M}}}[{RATE}])) / "
+          f"sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{{{M}}}[{RATE}]))",
+          "tokens per step {{model_name}}")], "short",
+          description="Share of MTP draft tokens the target accepted, and tokens emitted per decode step (1 + "
+                      "accepted per draft step). Empty without a speculative config (mtp_speculative_tokens)."),
     row("Token-weighted scheduler"),
     panel("Scheduler load factor", [q(f"max by (instance) (qwen_ext_sched_load_factor{{{I}}})", "{{instance}}")],
           "short", description="Token weight arriving / admitted per second (>= 1; token-weighted scheduler only)."),

@@ -63,6 +63,7 @@ _G = "qwen_vllm_ext.gateway.metrics"
 _K = "qwen_vllm_ext.kv.server"
 _I = "qwen_vllm_ext.integration.plugin"
 _V = "vllm.v1.metrics.loggers"
+_SPEC = "vllm.v1.spec_decode.metrics"
 
 METRICS: tuple[Metric, ...] = (
     # ---- the extension ----------------------------------------------------------------------------------
@@ -203,6 +204,12 @@ METRICS: tuple[Metric, ...] = (
            _V),
     Metric("vllm:request_queue_time_seconds", "histogram", "Time requests spent waiting in the engine's queue",
            ("model_name", "engine"), _V),
+    # speculative decoding (MTP): exported only by an engine with a speculative config
+    Metric("vllm:spec_decode_num_drafts", "counter", "Draft steps proposed (speculative decoding)",
+           ("model_name", "engine"), _SPEC),
+    Metric("vllm:spec_decode_num_draft_tokens", "counter", "Draft tokens proposed", ("model_name", "engine"), _SPEC),
+    Metric("vllm:spec_decode_num_accepted_tokens", "counter", "Draft tokens accepted by the target model",
+           ("model_name", "engine"), _SPEC),
 )
 
 _BY_NAME = {m.name: m for m in METRICS}

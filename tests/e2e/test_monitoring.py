@@ -66,10 +66,15 @@ QUIET = {
     # demo; tests/e2e/test_hybrid_demo.py reads them from the hybrid demo's /metrics
     "qwen_ext_kv_answer_state_copies_total": "hybrid models only",
     "qwen_ext_kv_answer_state_copies_skipped_total": "hybrid models only",
+    # speculative decoding only: tests/e2e/test_mtp_demo.py reads them from the MTP demo's /metrics
+    "vllm:spec_decode_num_drafts_total": "speculative decoding only",
+    "vllm:spec_decode_num_draft_tokens_total": "speculative decoding only",
+    "vllm:spec_decode_num_accepted_tokens_total": "speculative decoding only",
 }
 QUIET_QUERIES = {
     # recording rules / dashboard queries (by a substring) that return no data here, with the reason
     "growth_ratio_30m": "the 30 min window has not seen the engine's counters twice yet",
+    "vllm:spec_decode_num_": "speculative decoding only (the MTP demo's e2e test reads these series)",
 }
 
 

@@ -118,3 +118,23 @@ def test_prefix_caching_serves_later_turns_from_cache_with_mtp(mtp):
     shared = common_prefix(first, second)
     assert final["prompt_tokens"] == len(second) and len(ids2) == 40
     assert 0 < cached <= shared // 16 * 16, (cached, shared)
+
+
+def test_the_dashboards_spec_decode_panel_reads_series_this_server_exports(mtp):
+    """The Grafana panel "Speculative decoding (MTP): draft acceptance" names vLLM's spec-decode counters with the
+    model_name label its selector uses: the MTP server exports each (the monitoring e2e serves a model without a
+    speculative config, where they are absent), with values the panel's ratios can be computed from."""
+    import re
+    from pathlib import Path
+
+    board = json.loads((Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "qwen-vllm-ext.json").read_text())
+    panel, = [p for p in board["panels"] if p["title"].startswith("Speculative decoding")]
+    names = {m for t in panel["targets"] for m in re.findall(r"vllm:spec_decode_[a-z_]+_total", t["expr"])}
+    assert names == {"vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                     "vllm:spec_decode_num_accepted_tokens_total"}
+    text = httpx.get(mtp.base_url + "/metrics", timeout=30).text
+    for name in names:
+        assert re.search(rf'^{re.escape(name)}\{{[^}}]*model_name="{MODEL}"[^}}]*\}} [0-9.e+]+$', text, re.M), name
+    c = spec_counters(mtp)
+    assert c["vllm:spec_decode_num_drafts_total"] > 0  # the tests above ran requests
+    assert 0 < c["vllm:spec_decode_num_accepted_tokens_total"] < c["vllm:spec_decode_num_draft_tokens_total"]
