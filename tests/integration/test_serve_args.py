@@ -174,6 +174,17 @@ def test_mtp_switch_on_the_mtp_demo_and_refused_without_mtp_weights():
     assert final.count("--speculative-config") == 1 and own in final
     with pytest.raises(serve.LaunchError, match="declares no MTP layers"):
         serve.resolve(["--model", "qwen36-demo", "--qwen-mtp-speculative-tokens", "2"], environ={}, gpus=[])
+    # the user's own MTP config on a checkpoint without MTP weights: refused at once (vLLM starts the engine and
+    # fails ~40 s later with "Following weights were not initialized from checkpoint")
+    for method in ("mtp", "qwen3_next_mtp"):
+        with pytest.raises(serve.LaunchError, match=f"method '{method}' drafts with the checkpoint's own MTP layers"):
+            serve.resolve(["--model", "qwen36-demo", "--speculative-config",
+                           json.dumps({"method": method, "num_speculative_tokens": 1})], environ={}, gpus=[])
+    # other methods are vLLM's to check
+    args, final, *_ = serve.resolve(["--model", "qwen36-demo", "--speculative-config",
+                                     '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'],
+                                    environ={}, gpus=[])
+    assert args.speculative_config["method"] == "ngram"
     from qwen_vllm_ext.config import SettingsError
 
     with pytest.raises(SettingsError, match="mtp_speculative_tokens"):

@@ -99,5 +99,11 @@ def test_mtp_layers_and_the_speculative_config_flag(tmp_path):
         family.mtp_flags(plain, 2, set())
     with pytest.raises(ValueError, match="needs a checkpoint with MTP"):
         family.mtp_flags(family.detect("Qwen/Qwen3-8B"), 1, set())
+    with pytest.raises(ValueError, match="declares none"):
+        family.check_speculative_config(plain, {"method": "mtp", "num_speculative_tokens": 1})
+    family.check_speculative_config(mtp, {"method": "mtp", "num_speculative_tokens": 1})  # has MTP layers
+    family.check_speculative_config(plain, {"method": "ngram", "num_speculative_tokens": 1})  # not MTP
+    family.check_speculative_config(plain, {"method": "mtp", "model": "/other/ckpt"})  # weights from elsewhere
+    family.check_speculative_config(plain, None)
     hub = family.detect("Qwen/Qwen3.6-27B")  # a hub id: unknown, vLLM checks when it loads the config
     assert hub.mtp_layers is None and family.mtp_flags(hub, 1, set())[0] == "--speculative-config"
