@@ -188,6 +188,17 @@ PATCHES = [
             "cpu_spec_decode_kernels", "CPU implementations of the fused recurrent-state copies of speculative "
             "decoding (setting cpu_spec_decode_kernels)."))],
     },
+    {
+        "name": "answer-state-copies",
+        "subject": "qwen-vllm-ext: answer checkpoints under speculative decoding on hybrid models",
+        "body": "GPUModelRunner._update_states first runs the recurrent-state copies the scheduler attaches to\n"
+                "the step's output: the state at a unit position inside a speculative step (temporal state from\n"
+                "the step's state column for that token, convolution window shifted by it), kept as the\n"
+                "request's answer checkpoint (settings kv_turn_checkpoints, kv_answer_checkpoints).\n",
+        "edits": [("vllm/v1/worker/gpu_model_runner.py", APPEND, _module_hook(
+            "answer_state_copies", "answer checkpoints keep the state inside a speculative-decoding step "
+            "(setting kv_answer_checkpoints)."))],
+    },
 ]
 
 GIT_ENV = {

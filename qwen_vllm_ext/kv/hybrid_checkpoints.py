@@ -87,6 +87,11 @@ PATCH_TARGETS = {
         {"0.32.0": "978a8e2a69ef730c", "0.33.0": "978a8e2a69ef730c"},
     "vllm.v1.core.kv_cache_manager:KVCacheManager.take_kv_cache_block_copies":
         {"0.32.0": "d64431229f1b8ab6", "0.33.0": "d64431229f1b8ab6"},
+    # speculative decoding: the state columns of a step (allocation), the step's output carrying the state copies
+    "vllm.v1.core.single_type_kv_cache_manager:MambaManager.allocate_new_blocks":
+        {"0.32.0": "0a8d1acfc3605960", "0.33.0": "0a8d1acfc3605960"},
+    "vllm.v1.core.sched.scheduler:Scheduler.schedule":
+        {"0.32.0": "0afd4b561401cafb", "0.33.0": "8976aeb2f6ca1604"},
 }
 
 
@@ -174,6 +179,11 @@ def enable(scheduler, settings=None) -> str | None:
     scheduler.mamba_shared_prefix_checkpoint = True
     kvm._qwen_turn_opener = opener
     kvm._qwen_turn_unit = scheduler.hash_block_size
+    # speculative decoding with a drafter that reads the target's hidden states (EAGLE, MTP): a hit recomputes its
+    # last unit (vLLM's EAGLE drop), so a state at L serves only where the attention layers are cached to L + unit
+    kvm._qwen_drop = scheduler.hash_block_size if kvm.coordinator.eagle_group_ids else 0
+    for manager in kvm.coordinator.single_type_managers:
+        manager._qwen_drop = kvm._qwen_drop
     try:
         think = think_ids(cached_tokenizer_from_config(scheduler.vllm_config.model_config))
     except Exception:  # noqa: BLE001 - the tokenizer loaded above; a failure here only drops the think check
@@ -187,19 +197,40 @@ def enable(scheduler, settings=None) -> str | None:
     for manager in managers:
         manager._qwen_kv_stats = stats
     why_not = answer_checkpoints_apply(settings, scheduler.vllm_config.model_config.model)
-    if why_not is None and any(m.num_speculative_blocks for m in managers):
-        why_not = "speculative decoding (several tokens per step: the unit positions are skipped)"
+    spec = max(m.num_speculative_blocks for m in managers)
+    if why_not is None and spec:
+        why_not = speculative_why_not(scheduler)
     kvm._qwen_answer_why_not = why_not
     if why_not is None:
+        copies = kvm._qwen_state_copies = []  # this step's speculative-decoding state copies (schedule() drains)
         for manager in kvm.coordinator.single_type_managers:
             manager._qwen_groups = len(kvm.coordinator.single_type_managers)  # KV-cache groups sharing the pool
             manager._qwen_opener, manager._qwen_think = opener, think
             if isinstance(manager, (MambaManager, FullAttentionManager)):
                 manager._qwen_answer_unit = scheduler.hash_block_size
+                manager._qwen_spec = spec
+                manager._qwen_keep = 2 if kvm._qwen_drop else 1  # answer states kept per request
+                manager._qwen_state_copies = copies
+                manager._qwen_columns, manager._qwen_last_columns = {}, {}
     return None
 
 
-def _answer_position(manager, request, block_ends: bool = True) -> int:
+def speculative_why_not(scheduler) -> str | None:
+    """None when answer checkpoints work under ``scheduler``'s speculative decoding, else why not. A step verifies
+    several tokens, so the unit positions fall inside a step; the state there is one of the step's per-token state
+    columns, copied with an offset by the model runner (:mod:`.state_copies`) once the step's accepted tokens are
+    known: that needs synchronous scheduling and the copies installed in this process."""
+    from . import state_copies
+
+    if getattr(scheduler.scheduler_config, "async_scheduling", False):
+        return ("speculative decoding with async scheduling (a step's accepted tokens are not known when the next "
+                "step is scheduled)")
+    if not state_copies.active():
+        return "speculative decoding without the model runner's state copies (runtime patch answer_state_copies)"
+    return None
+
+
+def _answer_position(manager, request, block_ends: bool = True, need_block: bool = True) -> int:
     """The prefix length to keep as this step's answer checkpoint, 0 for none: the request is decoding, its
     computed length is a multiple of the unit, and the hash of those tokens exists (with async scheduling the newest
     token may still be a placeholder). The state (KV) there is in block ``(c - 1) // block_size``. ``block_ends``:
@@ -207,14 +238,126 @@ def _answer_position(manager, request, block_ends: bool = True) -> int:
     layers' full block is cached by vLLM anyway)."""
     unit = getattr(manager, "_qwen_answer_unit", 0)
     c = request.num_computed_tokens
+    if unit and getattr(manager, "_qwen_spec", 0):
+        c = _spec_position(manager, request, unit)
+        if not c:
+            return 0
     if (not unit or c <= request.num_prompt_tokens or c % unit or (c % manager.block_size == 0 and not block_ends)
             or len(request.block_hashes) < c // unit or not _repeated(manager, request)):
         return 0
+    if not need_block:  # the state comes from the step's state columns (speculative decoding)
+        return c
     blocks = manager.req_to_blocks[request.request_id]
     idx = (c - 1) // manager.block_size
     if idx >= len(blocks) or blocks[idx].is_null:
         return 0
     return c
+
+
+def _spec_position(manager, request, unit: int) -> int:
+    """Under speculative decoding: the newest unit position the request's last step computed (the step verified
+    several tokens; its accepted ones end at the computed length), 0 for none or when that step was not a decode
+    step (a prefill chunk keeps only its final state)."""
+    base = getattr(request, "_qwen_step_base", {}).get(manager.kv_cache_group_id)
+    c = request.num_computed_tokens
+    u = c // unit * unit
+    if base is None or base < request.num_prompt_tokens or not base < u <= c:
+        return 0
+    return u
+
+
+def step_scheduled(manager, request) -> None:
+    """After this step's hooks: the computed length the step starts from (the next step's base)."""
+    bases = getattr(request, "_qwen_step_base", None)
+    if bases is None:
+        bases = request._qwen_step_base = {}
+    bases[manager.kv_cache_group_id] = request.num_computed_tokens
+
+
+def record_state_columns(manager, request_id: str, num_tokens_main_model: int) -> None:
+    """Mamba manager, right after a step's allocation: the request's state columns this step (``col`` = the block
+    the runner keeps the running state in, ``cdiv(computed + scheduled, block) - 1``, and the speculative blocks
+    after it), kept as blocks: the next step's allocation may move them in the block table."""
+    blocks = manager.req_to_blocks.get(request_id)
+    col = -(-num_tokens_main_model // manager.block_size) - 1
+    if not blocks or col < 0:
+        return
+    previous = manager._qwen_columns.pop(request_id, None)
+    if previous is not None:
+        manager._qwen_last_columns[request_id] = previous
+    manager._qwen_columns[request_id] = blocks[col:col + 1 + manager.num_speculative_blocks]
+
+
+def keep_spec_answer_state(manager, request, finished: bool = False):
+    """Mamba manager under speculative decoding: the state at the answer checkpoint ``u`` (a unit position inside
+    the request's last step) is that step's token ``b = u - base - 1``: its temporal state in state column ``b``, its
+    convolution window in column 0 shifted by ``b``. Queue that copy (run by the model runner before this step's
+    forward, :mod:`.state_copies`) into the block of the request's oldest kept answer state (dropped from the cache
+    when nobody holds it) or a new one, registered under the prefix ``u``. With vLLM's EAGLE drop (MTP) the two newest
+    states are kept: a turn that repeats the answer hits the one a unit before its end, the attention layers being
+    cached to the end. Only accepted tokens reach the computed length, so a rejected
+    draft never leaves a state or a key. ``finished``: the request is being freed after its last step. Returns the
+    new key (None: nothing kept)."""
+    u = _answer_position(manager, request, need_block=False)
+    if not u:
+        return None
+    columns = (manager._qwen_columns if finished else manager._qwen_last_columns).get(request.request_id)
+    base = request._qwen_step_base[manager.kv_cache_group_id]
+    b = u - base - 1
+    if not columns or b >= len(columns) or any(blk.is_null for blk in (columns[0], columns[b])):
+        return None
+    pool = manager.block_pool
+    kept = getattr(request, "_qwen_answer_states", None)
+    if kept is None:
+        kept = request._qwen_answer_states = {}
+    if pool.get_num_free_blocks() <= copy_reserve(
+            pool.num_gpu_blocks, len(manager.req_to_blocks), getattr(manager, "_qwen_groups", 1)):
+        count(manager, "answer_copies_skipped")
+        return None
+    states = kept.setdefault(manager.kv_cache_group_id, [])  # oldest first
+    target = None
+    if len(states) >= getattr(manager, "_qwen_keep", 1):
+        block, old_key = states.pop(0)
+        if block.ref_cnt == 0 and block.block_hash == old_key:
+            pool._maybe_evict_cached_block(block)
+            pool.touch([block])
+            target = block
+    if target is None:
+        target = pool.get_new_blocks(1)[0]
+    key = pool.cache_partial_block(request=request, block=target, num_tokens=u,
+                                   kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
+    if key is None:
+        pool.free_blocks([target])
+        return None
+    for blk in (columns[0], columns[b]):  # held until the step that runs the copy is scheduled
+        blk.ref_cnt += 1
+    manager._qwen_state_copies.append((manager.kv_cache_group_id, columns[0], columns[b], target, b))
+    count(manager, "answer_copies")
+    states.append((target, key))
+    return key
+
+
+def take_state_copies(kvm) -> tuple[list[tuple[int, int, int, int, int]], list]:
+    """Drain the queued speculative-decoding state copies: ``(group, conv source, temporal source, destination, b)``
+    block ids for the step's output, and the blocks held for them (released once the output is built: the step runs
+    the copies before anything else can take those blocks)."""
+    pending = getattr(kvm, "_qwen_state_copies", None)
+    if not pending:
+        return [], []
+    copies = [(g, s0.block_id, sb.block_id, dst.block_id, b) for g, s0, sb, dst, b in pending]
+    held = [blk for _, s0, sb, dst, _ in pending for blk in (s0, sb, dst)]
+    pending.clear()
+    return copies, held
+
+
+def forget_state_columns(kvm, request) -> None:
+    """A request's blocks are freed (finished or preempted): its recorded state columns and step bases are stale."""
+    request._qwen_step_base = {}
+    for manager in kvm.coordinator.single_type_managers:
+        for attr in ("_qwen_columns", "_qwen_last_columns"):
+            table = getattr(manager, attr, None)
+            if table is not None:
+                table.pop(request.request_id, None)
 
 
 def keep_answer_state(manager, request, finished: bool = False):
@@ -223,6 +366,8 @@ def keep_answer_state(manager, request, finished: bool = False):
     dropped from the cache when nobody holds it, else a new one. ``finished``: the request is being freed, its running block
     holds the state after its last forward and is registered as it is (no copy). Returns the new key (None:
     nothing kept)."""
+    if getattr(manager, "_qwen_spec", 0):
+        return keep_spec_answer_state(manager, request, finished)
     c = _answer_position(manager, request)
     if not c:
         return None
@@ -316,24 +461,28 @@ def demote_superseded(kvm, request) -> int:
         # the next prompt does not repeat this generation (the official template; thinking on with the reasoning
         # dropped): the next turn resumes at the turn boundary, or at the prompt's own tail state when that lies
         # before it; the states past it are not superseded by it
-        b = _boundary(kvm, request) or (request.num_prompt_tokens - 1) // unit * unit
+        b = _boundary(kvm, request)
+        b = b - getattr(kvm, "_qwen_drop", 0) if b else _prompt_tail(kvm, request)
         last = min(last, b // unit)
     pending = getattr(kvm, "_qwen_superseded", None)
     if pending is None:
         pending = kvm._qwen_superseded = collections.deque(maxlen=MAX_PENDING)
+    # with the EAGLE drop a repeated answer resumes from the state a unit before the newest (the attention layers
+    # cached to the newest): both stay
+    keep = 2 if getattr(kvm, "_qwen_drop", 0) and last == min(len(hashes), request.num_computed_tokens // unit) else 1
     pool = counted = None
     for manager in kvm.coordinator.single_type_managers:
         if not getattr(manager, "shared_prefix_checkpoint", False):  # the Mamba managers enable() turned on
             continue
         pool, group, counted = manager.block_pool, manager.kv_cache_group_id, manager
-        newest_seen = False
+        seen = 0
         for k in range(last, 0, -1):  # newest first: the first state found is the one the next turn resumes from
             block = pool.cached_block_hash_to_block.get_one_block(make_block_hash_with_group_id(hashes[k - 1], group))
             if block is None:
                 continue
-            if newest_seen and block.ref_cnt == 0 and not block.is_null:
+            if seen >= keep and block.ref_cnt == 0 and not block.is_null:
                 pending.append((block, block.block_hash))
-            newest_seen = True
+            seen += 1
     if pool is None:
         return 0
     return place_superseded(pool, pending, counted)
@@ -403,15 +552,22 @@ def register_answer_entry(manager, request) -> bool:
     return True
 
 
+def _prompt_tail(kvm, request) -> int:
+    """Where vLLM keeps the prompt's own state (``get_mamba_prefill_checkpoint_position``): the prompt less its last
+    token floored to the unit, or with the EAGLE drop the prompt floored to the unit less one unit."""
+    unit, drop = kvm._qwen_turn_unit, getattr(kvm, "_qwen_drop", 0)
+    if drop:
+        return max(request.num_prompt_tokens // unit * unit - drop, 0)
+    return (request.num_prompt_tokens - 1) // unit * unit
+
+
 def _boundary(kvm, request) -> int:
     """The request's turn boundary (computed once per request), 0 when none or when the prompt's own tail
     checkpoint already covers it."""
     b = getattr(request, "_qwen_turn_boundary", None)
     if b is None:
-        unit = kvm._qwen_turn_unit
-        b = turn_boundary(request.prompt_token_ids or (), kvm._qwen_turn_opener, unit)
-        tail = (request.num_prompt_tokens - 1) // unit * unit  # vLLM's prompt checkpoint (no EAGLE drop)
-        if b >= tail:
+        b = turn_boundary(request.prompt_token_ids or (), kvm._qwen_turn_opener, kvm._qwen_turn_unit)
+        if b - getattr(kvm, "_qwen_drop", 0) >= _prompt_tail(kvm, request):
             b = 0
         request._qwen_turn_boundary = b
     return b
@@ -424,6 +580,8 @@ def install(settings) -> bool:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
+
+    from . import state_copies
 
     if getattr(KVCacheManager, _MARK, False):
         return True
@@ -454,6 +612,8 @@ def install(settings) -> bool:
         if getattr(self, "_qwen_turn_opener", None) is None:
             return blocks, num_hit, junction
         b = _boundary(self, request)
+        if b:
+            b -= getattr(self, "_qwen_drop", 0)  # the EAGLE drop: the state a unit before, the attention layers to b
         if b > num_hit:
             junction = b
         return blocks, num_hit, junction
@@ -462,10 +622,17 @@ def install(settings) -> bool:
 
     @functools.wraps(partial)
     def cache_partial_tail_block(self, request, num_tokens):
+        try:
+            attention_entries(self, request, num_tokens)
+        finally:
+            if getattr(self, "_qwen_spec", 0):
+                step_scheduled(self, request)
+
+    def attention_entries(self, request, num_tokens):
         answered = register_answer_entry(self, request)  # first: vLLM's tail entry and ours are shorter
         partial(self, request, num_tokens)
         b = getattr(request, "_qwen_turn_boundary", 0)
-        if (not b or b != request.shared_prefix_boundary or b > num_tokens
+        if (not b or b - getattr(self, "_qwen_drop", 0) != request.shared_prefix_boundary or b > num_tokens
                 or (num_tokens > request.num_prompt_tokens and not answered) or b % self.block_size == 0):
             return
         blocks = self.req_to_blocks[request.request_id]
@@ -482,7 +649,29 @@ def install(settings) -> bool:
         key = mamba_partial(self, request, *args, **kwargs)
         if key is None and getattr(self, "_qwen_answer_unit", 0):
             key = keep_answer_state(self, request)  # returned: cache_blocks defers same-step hits on it
+        if getattr(self, "_qwen_spec", 0):
+            step_scheduled(self, request)
         return key
+
+    allocate = MambaManager.allocate_new_blocks
+
+    @functools.wraps(allocate)
+    def mamba_allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model, *args, **kwargs):
+        blocks = allocate(self, request_id, num_tokens, num_tokens_main_model, *args, **kwargs)
+        if getattr(self, "_qwen_spec", 0):
+            record_state_columns(self, request_id, num_tokens_main_model)
+        return blocks
+
+    schedule = Scheduler.schedule
+
+    @functools.wraps(schedule)
+    def schedule_step(self, *args, **kwargs):
+        output = schedule(self, *args, **kwargs)
+        copies, held = take_state_copies(self.kv_cache_manager)
+        if copies:  # run by the model runner first thing in this step (state_copies), before any block is reused
+            setattr(output, state_copies.ATTR, copies)
+            self.kv_cache_manager.block_pool.free_blocks(held)
+        return output
 
     free = KVCacheManager.free
 
@@ -491,6 +680,8 @@ def install(settings) -> bool:
         if getattr(self, "_qwen_answer_why_not", "") is None:
             keep_final_state(self, request)
         free(self, request)
+        if getattr(self, "_qwen_state_copies", None) is not None:
+            forget_state_columns(self, request)
         if getattr(self, "_qwen_turn_opener", None) is not None:
             demote_superseded(self, request)
 
@@ -499,5 +690,7 @@ def install(settings) -> bool:
     KVCacheManager.free = free_request
     FullAttentionManager._cache_partial_tail_block = cache_partial_tail_block
     MambaManager._cache_partial_tail_block = mamba_cache_partial_tail_block
+    MambaManager.allocate_new_blocks = mamba_allocate_new_blocks
+    Scheduler.schedule = schedule_step
     setattr(KVCacheManager, _MARK, True)
     return True

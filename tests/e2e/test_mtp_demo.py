@@ -89,35 +89,105 @@ def test_drafts_are_accepted_and_rejected_and_every_chunk_counts_exactly(mtp, th
     assert drafted > 0 and 0 < accepted < drafted, grew  # the half variant: some accepted, some rejected
 
 
-def test_prefix_caching_serves_later_turns_from_cache_with_mtp(mtp):
-    """Speculative decoding and prefix caching together on the hybrid engine (the fused state copies run on the CPU
-    implementations): a conversation's second request gets its shared prefix from cache (vLLM's own checkpoint at
-    the previous prompt's tail, floored to the match unit), and the engine serves on."""
+UNIT = 16  # the launcher's --prefix-match-unit for the family
+
+
+def _cached(usage) -> int:
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+def _kv_copies(server) -> float:
+    from qwen_vllm_ext.usage.reconcile import parse_counters
+
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    return parse_counters(text, ["qwen_ext_kv_answer_state_copies_total"])["qwen_ext_kv_answer_state_copies_total"]
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_every_turn_reuses_the_previous_answer_under_mtp(mtp, thinking):
+    """Issue 49 step 3: answer checkpoints under speculative decoding. Each turn's prompt (token ids through
+    /v1/completions, so the history comes back exactly as generated) is the previous prompt, everything generated,
+    and a new user turn. Every turn gets the previous answer from cache: the shared prefix the engine computed,
+    floored to the unit, less the one unit vLLM recomputes on every hit under MTP (the drafter needs the target's
+    hidden states there: the EAGLE drop, which vLLM applies to its own prompt checkpoints too). That state lies
+    inside a verify step whose drafts were partly accepted (the half variant), kept by an offset copy of the step's
+    state columns. Counts exact on every turn."""
     from qwen_vllm_ext.kv.reuse import common_prefix
 
-    messages = [{"role": "system", "content": "You keep a harbour log. " * 30},
-                {"role": "user", "content": "Log the morning arrivals."}]
-    kwargs = {"enable_thinking": False}
+    opener = "<think>\n" if thinking else "<think>\n\n</think>\n\n"
+    copies = _kv_copies(mtp)
     with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
-        def tokens(msgs):
-            r = c.post("/tokenize", json={"model": MODEL, "messages": msgs, "add_generation_prompt": True,
-                                          "chat_template_kwargs": kwargs})
+        def ids_of(text: str) -> list[int]:
+            r = c.post("/tokenize", json={"model": MODEL, "prompt": text, "add_special_tokens": False})
             assert r.status_code == 200, r.text
             return r.json()["tokens"]
 
-        body = {"model": MODEL, "max_tokens": 40, "temperature": 0, "ignore_eos": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                "chat_template_kwargs": kwargs}
-        first = tokens(messages)
-        ids, usages = stream(c, {**body, "messages": messages}, "mtp-cache-1")
-        follow = messages + [{"role": "assistant", "content": "Three boats."}, {"role": "user", "content": "And now?"}]
-        second = tokens(follow)
-        ids2, usages2 = stream(c, {**body, "messages": follow}, "mtp-cache-2")
-    final = usages2[-1][1]
-    cached = (final.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    shared = common_prefix(first, second)
-    assert final["prompt_tokens"] == len(second) and len(ids2) == 40
-    assert 0 < cached <= shared // 16 * 16, (cached, shared)
+        ids = ids_of("<|im_start|>system\n" + "You keep a harbour log. " * 20 + "<|im_end|>\n<|im_start|>user\n"
+                     "Log the arrivals.<|im_end|>\n<|im_start|>assistant\n" + opener)
+        prev: list[int] = []
+        for t in range(6):
+            n = 40 + 23 * t
+            body = {"model": MODEL, "prompt": ids, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                    "stream": True, "return_token_ids": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+            gen, usage = [], None
+            with c.stream("POST", "/v1/completions", json=body, headers={"x-request-id": f"mtp-ans-{thinking}-{t}"}) as s:
+                assert s.status_code == 200, s.read()
+                for line in s.iter_lines():
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])
+                        for ch in chunk["choices"]:
+                            gen += ch.get("token_ids") or []
+                        if chunk.get("usage"):
+                            usage = chunk["usage"]
+                            assert usage["completion_tokens"] == len(gen), usage
+            assert len(gen) == n and usage["prompt_tokens"] == len(ids), usage
+            shared = common_prefix(prev, ids)
+            # the engine computed all of the previous request but its last token, or all of it when the step that
+            # produced that token had verified it as a draft
+            want = {min(shared, computed) // UNIT * UNIT - UNIT for computed in (len(prev) - 1, len(prev))}
+            if t > 0 and not (thinking and t == 1):
+                assert _cached(usage) in want, (t, shared, len(prev), usage)
+            elif t == 1:
+                # thinking on: the first answer's reasoning is not known to come back (no kept think block in the
+                # prompt), so no answer state was kept: the turn resumes from the prompt
+                assert 0 < _cached(usage) < min(want), (t, shared, usage)
+            row = ledger_row(mtp.data_dir, f"mtp-ans-{thinking}-{t}")
+            assert (row["prompt_tokens"], row["completion_tokens"]) == (len(ids), n)
+            prev = ids + gen
+            # thinking on: the client keeps the reasoning (closed, with an answer after it), as a client sending
+            # preserve_thinking does; the engine then knows from the prompt that each generation comes back
+            close = "\n</think>\n\nLogged." if thinking else ""
+            ids = prev + ids_of(f"{close}<|im_end|>\n<|im_start|>user\nAnd turn {t}?<|im_end|>\n<|im_start|>"
+                                f"assistant\n{opener}")
+    assert _kv_copies(mtp) > copies  # the answer states were copies of the steps' state columns
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_every_turn_resumes_where_the_previous_prompt_diverges_under_mtp(mtp, thinking):
+    """Turn checkpoints under MTP, the official rendering (``preserve_thinking: false``, canned answers that differ
+    from what was generated): each turn shares the previous prompt up to its last ``<|im_start|>assistant\n``, and
+    gets it from cache less vLLM's one-unit EAGLE drop (the state a unit before the divergence, the attention layers
+    to it); vLLM alone keeps only the prompt's tail, past the divergence whenever the generation prompt crosses a
+    unit. Counts exact."""
+    from benchmarks.bench_kv_reuse import hybrid_conversation
+    from qwen_vllm_ext.kv.reuse import common_prefix
+
+    kwargs = {"enable_thinking": thinking, "preserve_thinking": False}
+    prev: list[int] = []
+    with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
+        for k, messages in enumerate(hybrid_conversation(300 + thinking, 6)):
+            r = c.post("/tokenize", json={"model": MODEL, "messages": messages, "add_generation_prompt": True,
+                                          "chat_template_kwargs": kwargs})
+            ids = r.json()["tokens"]
+            ids2, usages = stream(c, {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0,
+                                      "stream_options": {"include_usage": True}, "chat_template_kwargs": kwargs},
+                                  f"mtp-turn-{thinking}-{k}")
+            usage = usages[-1][1]
+            assert usage["prompt_tokens"] == len(ids) and usage["completion_tokens"] == len(ids2)
+            shared = common_prefix(prev, ids)
+            assert _cached(usage) == max(shared // UNIT * UNIT - UNIT, 0), (k, shared, usage)
+            prev = ids
 
 
 def test_the_dashboards_spec_decode_panel_reads_series_this_server_exports(mtp):

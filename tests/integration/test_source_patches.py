@@ -58,7 +58,8 @@ def test_installed_vllm_is_the_version_the_tests_expect():
     assert [p.id for p in PATCHES] == ["0001-per-chunk-usage", "0002-usage-accounting",
                                        "0003-token-weighted-scheduler", "0004-api-server-hooks",
                                        "0005-kv-reuse-template", "0006-turn-checkpoints", "0007-connection-guard",
-                                       "0008-cpu-seeded-sampling", "0009-cpu-spec-decode-kernels"]
+                                       "0008-cpu-seeded-sampling", "0009-cpu-spec-decode-kernels",
+                                       "0010-answer-state-copies"]
 
 
 def test_each_patch_applies_alone_and_reverts_to_byte_identical_files(vllm_copy):
@@ -79,7 +80,7 @@ def test_each_patch_applies_alone_and_reverts_to_byte_identical_files(vllm_copy)
 def test_full_set_check_apply_twice_list_revert(vllm_copy):
     before = _hashes(vllm_copy)
     checked = cli("check", "--vllm-path", str(vllm_copy))
-    assert checked.returncode == 0 and "9 patch(es) apply cleanly" in checked.stdout
+    assert checked.returncode == 0 and "10 patch(es) apply cleanly" in checked.stdout
     assert cli("apply", "--vllm-path", str(vllm_copy)).returncode == 0
     changed = {rel for rel, sha in _hashes(vllm_copy).items() if before.get(rel) != sha}
     assert changed == {rel.removeprefix("vllm/") for rel in TOUCHED} | {f"{core.STATE_DIR}/state.json"} | \
