@@ -191,8 +191,9 @@ class Settings:
     kv_answer_checkpoints: bool = True
     """Hybrid models served with the prefix-stable ``qwen3.5-reuse`` template (``kv_reuse_template``): also keep the
     recurrent state while the answer is generated (every match unit, the newest one per request), so the next turn
-    reuses the previous answer too; costs one state copy per 16 generated tokens. Needs ``kv_turn_checkpoints``;
-    false = no decode states kept."""
+    reuses the previous answer too; costs one state copy per 16 generated tokens. Under MTP speculative decoding the
+    two newest per request, copied from the verify step's state columns by the model runner (synchronous scheduling
+    only). Needs ``kv_turn_checkpoints``; false = no decode states kept."""
     mtp_speculative_tokens: int = 0
     """Multi-token-prediction speculative decoding (Qwen3.5/3.6 and Qwen3-Next checkpoints ship MTP heads): the
     number of draft tokens per step; the launcher passes ``--speculative-config '{"method": "mtp",

@@ -33,7 +33,8 @@ Hooks (applied idempotently by the general plugin when ``kv_turn_checkpoints`` i
 
 * ``Scheduler.__init__``        -> turns the junction checkpoint on in the scheduler and the Mamba managers when
   the engine qualifies (align mode, fine-grained hits, no MTP re-prefill tail, a tokenizer to find the opener),
-  and the answer checkpoints when the served model gets the ``qwen3.5-reuse`` template;
+  and the answer checkpoints when the served model gets the ``qwen3.5-reuse`` template (under speculative decoding:
+  with synchronous scheduling and the model runner's state copies);
 * ``KVCacheManager.get_computed_blocks`` -> returns the turn boundary as the junction when it lies beyond the hit
   and before the prompt's own tail checkpoint (else vLLM's junction, unchanged);
 * ``FullAttentionManager._cache_partial_tail_block`` -> also registers the attention layers' partial block entry
@@ -41,7 +42,18 @@ Hooks (applied idempotently by the general plugin when ``kv_turn_checkpoints`` i
   checkpoint (before vLLM's tail entry: a longer entry drops the block's shorter ones, re-added after it);
 * ``MambaManager._cache_partial_tail_block`` -> keeps the answer checkpoint's state (copy-on-write into a new block);
 * ``KVCacheManager.free`` -> keeps the state after a finished request's last forward when it ends on a unit (no
-  later step sees that position), registered on the running blocks as they are freed.
+  later step sees that position), registered on the running blocks as they are freed;
+* ``MambaManager.allocate_new_blocks`` -> under speculative decoding, records the step's state columns;
+* ``Scheduler.schedule`` -> attaches the step's speculative-decoding state copies to its output.
+
+**Speculative decoding (MTP, issue 49).** A verify step computes several tokens, so the unit positions fall inside a
+step, and their states are in the step's state columns (the recurrent state after each verified token in its own
+column, one convolution window read at an offset). Once the step's accepted tokens are known (the next scheduling
+step), a unit the accepted tokens crossed is kept by an offset copy of those columns that the model runner runs
+before anything else in the next step (:mod:`.state_copies`); a rejected draft never reaches the computed length, so
+it leaves nothing. vLLM recomputes the last unit of every hit under EAGLE/MTP (its drafter needs the target's hidden
+states there), so a state at ``L`` serves where the attention layers are cached to ``L + unit``: the two newest answer
+states are kept per request, and the turn junction sits one unit before the turn boundary (attention entry at it).
 
 Targets the behaviour depends on without wrapping them are fingerprinted as well (the scheduler's chunk split at
 the junction, the Mamba manager's cache_blocks deferring same-step hits on the returned key, the KV-cache manager's
@@ -574,7 +586,7 @@ def _boundary(kvm, request) -> int:
 
 
 def install(settings) -> bool:
-    """Wrap the five hook points (idempotent). False when ``kv_turn_checkpoints`` is off."""
+    """Wrap the hook points (idempotent). False when ``kv_turn_checkpoints`` is off."""
     if not getattr(settings, "kv_turn_checkpoints", False):
         return False
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -597,8 +609,11 @@ def install(settings) -> bool:
                         "is kept; match unit %d)", self.hash_block_size)
             answer_why_not = self.kv_cache_manager._qwen_answer_why_not
             if answer_why_not is None:
+                drop = self.kv_cache_manager._qwen_drop
                 logger.info("qwen-vllm-ext: answer checkpoints on (the decode state every %d generated tokens, the "
-                            "newest per request, so the next turn reuses the answer)", self.hash_block_size)
+                            "newest %s per request, so the next turn reuses the answer%s)", self.hash_block_size,
+                            "two" if drop else "one",
+                            "; speculative decoding: copied from each verify step's state columns" if drop else "")
             else:
                 logger.info("qwen-vllm-ext: answer checkpoints off: %s", answer_why_not)
         elif why_not != NOT_HYBRID:  # dense models: nothing to say

@@ -114,6 +114,8 @@ def test_every_turn_reuses_the_previous_answer_under_mtp(mtp, thinking):
     state columns. Counts exact on every turn."""
     from qwen_vllm_ext.kv.reuse import common_prefix
 
+    log = mtp.log_path.read_text(errors="replace")
+    assert "answer checkpoints on" in log and "copied from each verify step's state columns" in log
     opener = "<think>\n" if thinking else "<think>\n\n</think>\n\n"
     copies = _kv_copies(mtp)
     with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
@@ -188,6 +190,58 @@ def test_every_turn_resumes_where_the_previous_prompt_diverges_under_mtp(mtp, th
             shared = common_prefix(prev, ids)
             assert _cached(usage) == max(shared // UNIT * UNIT - UNIT, 0), (k, shared, usage)
             prev = ids
+
+
+def test_an_aborted_draft_heavy_stream_leaves_no_state_past_its_tokens_and_no_held_block(mtp):
+    """Bad input under MTP: a client drops a long stream mid-answer (every step verifies drafts) and sends the next
+    turn with the partial answer it received. Nothing the engine computed past the accepted tokens is reachable (a
+    rejected draft never reaches the computed length, and every key is a hash of the request's own tokens): the next
+    turn is cached to at most the part it shares with the request, less vLLM's one-unit MTP drop, and at least the
+    aborted request's prompt. The aborted request's record has the tokens the engine generated; once the engine has
+    run further steps, no block is held (the state copies' sources and destinations went back), so the KV cache in
+    use returns to zero."""
+    prompt_text = ("<|im_start|>system\n" + "You answer at length. " * 20 + "<|im_end|>\n<|im_start|>user\n"
+                   "Tell me everything about the harbour.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
+        prompt = c.post("/tokenize", json={"model": MODEL, "prompt": prompt_text,
+                                           "add_special_tokens": False}).json()["tokens"]
+        drafts = spec_counters(mtp)["vllm:spec_decode_num_draft_tokens_total"]
+        received: list[int] = []
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 600, "ignore_eos": True, "temperature": 0,
+                "stream": True, "return_token_ids": True}
+        with c.stream("POST", "/v1/completions", json=body, headers={"x-request-id": "mtp-dropped"}) as s:
+            assert s.status_code == 200
+            for line in s.iter_lines():
+                if line.startswith("data: {"):
+                    for ch in json.loads(line[6:])["choices"]:
+                        received += ch.get("token_ids") or []
+                if len(received) >= 3 * UNIT + 5:
+                    break  # leaving the block closes the connection mid-answer
+        row = ledger_row(mtp.data_dir, "mtp-dropped")
+        assert row["prompt_tokens"] == len(prompt) and len(received) <= row["completion_tokens"] < 600
+        tail = c.post("/tokenize", json={"model": MODEL, "prompt": "<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n"
+                                         "<|im_start|>assistant\n", "add_special_tokens": False}).json()["tokens"]
+        ids = prompt + received + tail
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens"] == len(ids) and usage["completion_tokens"] == 8
+        cached = _cached(usage)
+        # at most what it shares with the aborted request (its prompt, the tokens the client got, and the tail's
+        # first token should the engine have generated that one next), floored, less the drop; at least the prompt's
+        # own state
+        most = (len(prompt) + len(received) + 1) // UNIT
+        assert len(prompt) // UNIT * UNIT - UNIT <= cached <= most * UNIT - UNIT, (cached, len(prompt), len(received))
+    assert spec_counters(mtp)["vllm:spec_decode_num_draft_tokens_total"] > drafts  # it was drafting
+    deadline = time.monotonic() + 30
+    while True:  # idle: every block free (cached ones count as free)
+        text = httpx.get(mtp.base_url + "/metrics", timeout=30).text
+        usage_perc = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("vllm:kv_cache_usage_perc{")]
+        if usage_perc and max(usage_perc) == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert usage_perc and max(usage_perc) == 0, usage_perc
 
 
 def test_the_dashboards_spec_decode_panel_reads_series_this_server_exports(mtp):
