@@ -12,7 +12,9 @@ import time
 import httpx
 import pytest
 
+from ..redis_server import RedisServer
 from .conftest import Server, early_then_stopped
+from .test_gateway import ADMIN, auth
 from .test_hybrid_demo import END_THINK, ledger_row
 
 MODEL = "qwen36-mtp-half"
@@ -20,15 +22,26 @@ EARLY_GB = 3  # one server
 
 
 def start_early(tmp_path_factory) -> dict:
-    return {"mtp": Server(["--model", MODEL, "--qwen-mtp-speculative-tokens", "2"],
-                          tmp_path_factory.mktemp("logs") / "mtp.log", data_dir=tmp_path_factory.mktemp("mtp"))}
+    redis = RedisServer().start()  # the gateway: exact admission and the TPM window under MTP
+    return {"redis": redis,
+            "mtp": Server(["--model", MODEL, "--qwen-mtp-speculative-tokens", "2", "--qwen-gateway", "true",
+                           "--qwen-admin-key", ADMIN, "--qwen-limiter-redis-url", redis.url, "--qwen-spike-factor",
+                           "0"], tmp_path_factory.mktemp("logs") / "mtp.log", data_dir=tmp_path_factory.mktemp("mtp"))}
 
 
 @pytest.fixture(scope="module")
 def mtp(request):
     for started in early_then_stopped(request, start_early):
-        started["mtp"].wait_healthy()
-        yield started["mtp"]
+        server = started["mtp"]
+        server.wait_healthy()
+        with httpx.Client(base_url=server.base_url, timeout=120) as c:
+            server.key = c.post("/qwen_ext/admin/keys", headers=auth(ADMIN),
+                                json={"name": "mtp", "rpm": 100000, "tpm": 10**8}).json()["key"]
+        yield server
+
+
+def client(server) -> httpx.Client:
+    return httpx.Client(base_url=server.base_url, timeout=300, headers=auth(server.key))
 
 
 def spec_counters(server) -> dict:
@@ -58,7 +71,7 @@ def stream(c, body: dict, rid: str) -> tuple[list[int], list[tuple[int, dict]]]:
 @pytest.mark.parametrize("thinking", [True, False])
 def test_drafts_are_accepted_and_rejected_and_every_chunk_counts_exactly(mtp, thinking):
     before = spec_counters(mtp)
-    with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
+    with client(mtp) as c:
         for i in range(3):
             rid = f"mtp-{thinking}-{i}"
             body = {"model": MODEL, "messages": [{"role": "user", "content": f"Count the boats in harbour {i}."}],
@@ -118,7 +131,7 @@ def test_every_turn_reuses_the_previous_answer_under_mtp(mtp, thinking):
     assert "answer checkpoints on" in log and "copied from each verify step's state columns" in log
     opener = "<think>\n" if thinking else "<think>\n\n</think>\n\n"
     copies = _kv_copies(mtp)
-    with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
+    with client(mtp) as c:
         def ids_of(text: str) -> list[int]:
             r = c.post("/tokenize", json={"model": MODEL, "prompt": text, "add_special_tokens": False})
             assert r.status_code == 200, r.text
@@ -177,7 +190,7 @@ def test_every_turn_resumes_where_the_previous_prompt_diverges_under_mtp(mtp, th
 
     kwargs = {"enable_thinking": thinking, "preserve_thinking": False}
     prev: list[int] = []
-    with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
+    with client(mtp) as c:
         for k, messages in enumerate(hybrid_conversation(300 + thinking, 6)):
             r = c.post("/tokenize", json={"model": MODEL, "messages": messages, "add_generation_prompt": True,
                                           "chat_template_kwargs": kwargs})
@@ -202,7 +215,7 @@ def test_an_aborted_draft_heavy_stream_leaves_no_state_past_its_tokens_and_no_he
     use returns to zero."""
     prompt_text = ("<|im_start|>system\n" + "You answer at length. " * 20 + "<|im_end|>\n<|im_start|>user\n"
                    "Tell me everything about the harbour.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    with httpx.Client(base_url=mtp.base_url, timeout=300) as c:
+    with client(mtp) as c:
         prompt = c.post("/tokenize", json={"model": MODEL, "prompt": prompt_text,
                                            "add_special_tokens": False}).json()["tokens"]
         drafts = spec_counters(mtp)["vllm:spec_decode_num_draft_tokens_total"]
@@ -242,6 +255,36 @@ def test_an_aborted_draft_heavy_stream_leaves_no_state_past_its_tokens_and_no_he
             break
         time.sleep(0.5)
     assert usage_perc and max(usage_perc) == 0, usage_perc
+
+
+def test_gateway_admission_and_tpm_window_are_exact_under_mtp(mtp):
+    """The gateway's field mix under MTP (a streamed chunk can carry several tokens): per request the admission
+    count equals the engine's prompt tokens and usage stays within the reservation; per key the TPM window holds
+    exactly what usage says was used."""
+    from .test_gateway import run_field_mix
+
+    outcomes, _ = run_field_mix(mtp, seed=49, count=40, name="mix-mtp", model=MODEL)
+    assert sum(o[2] == 200 for o in outcomes) >= 0.6 * len(outcomes)
+    assert all(o[2] in (200, 400) for o in outcomes), [o for o in outcomes if o[2] not in (200, 400)]
+
+
+def test_token_storm_accounting_is_clean_under_mtp(mtp, tmp_path):
+    """TokenStorm's strict accounting check (every request's usage = the ledger = its own count) with drafts
+    accepted and rejected."""
+    import subprocess
+    import sys
+
+    drafts = spec_counters(mtp)["vllm:spec_decode_num_draft_tokens_total"]
+    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.bench.token_storm", "--base-url", mtp.base_url,
+                           "--model", MODEL, "--api-key", mtp.key, "--ledger", str(mtp.data_dir / "ledger.sqlite3"),
+                           "--distribution", "normal", "--input-len", "300", "--output-len", "24", "--concurrency",
+                           "4", "--turns", "2", "--num-requests", "16", "--duration", "120", "--field-mix", "0.5",
+                           "--output-dir", str(tmp_path), "--strict", "--no-progress", "--no-plot"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    acc = json.loads((tmp_path / "token_storm.json").read_text())["accounting"]
+    assert acc["ledger_checked"] and acc["mismatches"] == [] and acc["checked_requests"] == 16
+    assert spec_counters(mtp)["vllm:spec_decode_num_draft_tokens_total"] > drafts
 
 
 def test_the_dashboards_spec_decode_panel_reads_series_this_server_exports(mtp):
