@@ -189,15 +189,17 @@ PATCHES = [
             "decoding (setting cpu_spec_decode_kernels)."))],
     },
     {
-        "name": "answer-state-copies",
-        "subject": "qwen-vllm-ext: answer checkpoints under speculative decoding on hybrid models",
-        "body": "GPUModelRunner._update_states first runs the recurrent-state copies the scheduler attaches to\n"
-                "the step's output: the state at a unit position inside a speculative step (temporal state from\n"
-                "the step's state column for that token, convolution window shifted by it), kept as the\n"
-                "request's answer checkpoint (settings kv_turn_checkpoints, kv_answer_checkpoints).\n",
+        "name": "kv-copies",
+        "subject": "qwen-vllm-ext: KV-cache block copies of layers sharing a tensor, and answer-state copies under MTP",
+        "body": "The model runner's block copy (copy-on-write of a partial-block prefix hit) copies every byte\n"
+                "any layer view uses in a block: with MTP a hybrid model packs an attention layer and a Gated\n"
+                "DeltaNet layer at one tensor address, and vLLM copied only the first view there (setting\n"
+                "kv_block_copies). GPUModelRunner._update_states first runs the recurrent-state copies the\n"
+                "scheduler attaches under speculative decoding: the answer checkpoint inside a verify step\n"
+                "(settings kv_turn_checkpoints, kv_answer_checkpoints).\n",
         "edits": [("vllm/v1/worker/gpu_model_runner.py", APPEND, _module_hook(
-            "answer_state_copies", "answer checkpoints keep the state inside a speculative-decoding step "
-            "(setting kv_answer_checkpoints)."))],
+            "kv_copies", "KV-cache block copies of layers sharing a tensor, and answer checkpoints inside a "
+            "speculative-decoding step (settings kv_block_copies, kv_answer_checkpoints)."))],
     },
 ]
 

@@ -194,6 +194,12 @@ class Settings:
     reuses the previous answer too; costs one state copy per 16 generated tokens. Under MTP speculative decoding the
     two newest per request, copied from the verify step's state columns by the model runner (synchronous scheduling
     only). Needs ``kv_turn_checkpoints``; false = no decode states kept."""
+    kv_block_copies: bool = True
+    """Copy every byte of a KV-cache block that vLLM copies (the copy-on-write of a partial-block prefix hit): vLLM
+    0.32/0.33 copies one layer view per tensor address, and under MTP a hybrid model packs an attention layer and a
+    Gated DeltaNet layer at one address, so a hit read part of the attention values as zeros and greedy outputs
+    diverged from an uncached request. false = vLLM's copy. Also carries the answer checkpoints' state copies under
+    speculative decoding (``kv_answer_checkpoints``)."""
     mtp_speculative_tokens: int = 0
     """Multi-token-prediction speculative decoding (Qwen3.5/3.6 and Qwen3-Next checkpoints ship MTP heads): the
     number of draft tokens per step; the launcher passes ``--speculative-config '{"method": "mtp",

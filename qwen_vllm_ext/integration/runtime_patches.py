@@ -43,13 +43,13 @@ def _turn_checkpoints() -> RuntimePatch:
                         hybrid_checkpoints.PATCH_TARGETS, "kv_turn_checkpoints")
 
 
-def _answer_state_copies() -> RuntimePatch:
+def _kv_copies() -> RuntimePatch:
     from ..kv import state_copies
 
-    # the model runner, in the workers (and the engine core, which checks it before attaching any copy): the state
-    # copies answer checkpoints need under speculative decoding
-    return RuntimePatch("answer_state_copies", state_copies.install, {"worker", "engine_core"},
-                        state_copies.PATCH_TARGETS, "kv_answer_checkpoints")
+    # the model runner, in the workers (and the engine core, which checks it before attaching any state copy): vLLM's
+    # block copies fixed for layers sharing a tensor, and the state copies answer checkpoints need under MTP
+    return RuntimePatch("kv_copies", state_copies.install, {"worker", "engine_core"}, state_copies.PATCH_TARGETS,
+                        "kv_block_copies")
 
 
 def _connection_guard() -> RuntimePatch:
@@ -79,7 +79,7 @@ def _cpu_spec_decode_kernels() -> RuntimePatch:
 _BUILDERS = {"usage_accounting": _usage_accounting, "per_chunk_usage": _per_chunk_usage,
              "token_weighted_scheduler": _token_weighted_scheduler, "turn_checkpoints": _turn_checkpoints,
              "connection_guard": _connection_guard, "cpu_seeded_sampling": _cpu_seeded_sampling,
-             "cpu_spec_decode_kernels": _cpu_spec_decode_kernels, "answer_state_copies": _answer_state_copies}
+             "cpu_spec_decode_kernels": _cpu_spec_decode_kernels, "kv_copies": _kv_copies}
 
 
 def runtime_patch(name: str) -> RuntimePatch:

@@ -238,7 +238,7 @@ def speculative_why_not(scheduler) -> str | None:
         return ("speculative decoding with async scheduling (a step's accepted tokens are not known when the next "
                 "step is scheduled)")
     if not state_copies.active():
-        return "speculative decoding without the model runner's state copies (runtime patch answer_state_copies)"
+        return "speculative decoding without the model runner's state copies (runtime patch kv_copies)"
     return None
 
 

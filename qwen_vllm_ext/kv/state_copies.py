@@ -1,5 +1,15 @@
-"""vLLM glue (model runner, worker process): the recurrent-state copies that answer checkpoints need under speculative
-decoding (runtime patch ``answer_state_copies``; the engine-core side is :mod:`.hybrid_checkpoints`).
+"""vLLM glue (model runner, worker process): the KV-cache copies the worker runs for prefix caching (runtime patch
+``kv_copies``): vLLM's block copies, fixed for layers that share a tensor, and the recurrent-state copies answer
+checkpoints need under speculative decoding (the engine-core side is :mod:`.hybrid_checkpoints`).
+
+**Block copies** (setting ``kv_block_copies``). vLLM 0.32's ``copy_kv_cache_blocks_inplace`` (the copy-on-write of a
+partial-block prefix hit, among others) copies, per tensor address, the first layer view it meets, and whole pages
+only when a tensor holds one layer. Under MTP a hybrid model's KV-cache groups put two layers in one tensor (e.g.
+``[GDN 0, GDN 2]``, ``[attention 3, the MTP layer]``), so the attention layer's view starts where a Gated DeltaNet
+view does and was skipped: the GDN view's bytes were copied (the unpadded recurrent state, 136,192 of a 163,840-byte
+page on the demo), the rest of the attention page stayed as the zeroed new block. Every prefix hit inside a block
+then read the value cache with head dims 48-63 zero, and greedy outputs diverged from an uncached request within a
+few tokens. :func:`copy_blocks` copies, per (address, block stride), every byte any view there uses.
 
 Under speculative decoding (MTP) a decode step of a hybrid model verifies ``1 + k`` tokens; vLLM's Gated DeltaNet
 kernels write the recurrent (temporal) state after each of them to consecutive state columns of the request
@@ -29,6 +39,8 @@ MAMBA = "vllm.model_executor.layers.mamba.mamba_utils"
 # Compatibility guard (qwen_vllm_ext.integration.guard): the runner method wrapped, and the copy-spec functions
 # whose reading of the state columns the copies reproduce (they identify each state tensor as conv or temporal).
 PATCH_TARGETS = {
+    # replaced in the runner's namespace, which imported it by name
+    "vllm.v1.worker.utils:copy_kv_cache_blocks_inplace": {"0.32.0": "d97f1071bebb2265", "0.33.0": "d97f1071bebb2265"},
     f"{RUNNER}:GPUModelRunner._update_states": {"0.32.0": "2eb2df8682212b24", "0.33.0": "2eb2df8682212b24"},
     f"{MAMBA}:get_conv_copy_spec": {"0.32.0": "3c51a757d6ed5552", "0.33.0": "3c51a757d6ed5552"},
     f"{MAMBA}:get_temporal_copy_spec": {"0.32.0": "607fa1197ce4f877", "0.33.0": "607fa1197ce4f877"},
@@ -112,6 +124,41 @@ def run(runner, copies) -> int:
     return apply_copies(states, copies, is_conv_state_dim_first())
 
 
+def copy_blocks(kv_caches, num_blocks: int, kv_cache_block_copies) -> None:
+    """``copy_kv_cache_blocks_inplace`` copying, for each (device, address, scheduler-block stride) of the layer
+    views, the widest span any of them uses in a block: views that share an address (layers packed into one tensor)
+    are all copied, and a tensor's padding past every view is left alone."""
+    import torch
+
+    if not kv_cache_block_copies:
+        return
+    spans: dict[tuple, tuple[int, object]] = {}
+    for cache in kv_caches:
+        per_block, remainder = divmod(cache.shape[0], num_blocks)
+        if remainder:
+            raise AssertionError(f"{cache.shape[0]} kernel blocks not divisible by {num_blocks} scheduler blocks")
+        size = cache.element_size()
+        stride = cache.stride(0) * size * per_block  # bytes between scheduler blocks
+        block = cache[:per_block]
+        extent = (sum((n - 1) * st for n, st in zip(block.shape, block.stride())) + 1) * size
+        if extent > stride:
+            raise AssertionError(f"a block's view spans {extent} bytes, more than the {stride}-byte block stride")
+        key = (cache.device, cache.data_ptr(), stride)
+        if extent > spans.get(key, (0, None))[0]:
+            spans[key] = (extent, cache)
+    pairs = torch.tensor([tuple(c) for c in kv_cache_block_copies], dtype=torch.int64)
+    indices: dict = {}
+    for (device, ptr, stride), (extent, cache) in spans.items():
+        if device not in indices:
+            indices[device] = pairs.to(device, non_blocking=True).unbind(1)
+        src, dst = indices[device]
+        storage = cache.untyped_storage()
+        raw = torch.empty(0, dtype=torch.uint8, device=device)
+        raw.set_(storage)
+        view = raw.as_strided((num_blocks, extent), (stride, 1), ptr - storage.data_ptr())
+        view[dst] = view[src]
+
+
 def active() -> bool:
     """Whether the runner in this process runs the copies (the engine core asks before it attaches any): the model
     runner module is loaded here and wrapped. A source-patched engine core whose workers run in other processes never
@@ -121,12 +168,17 @@ def active() -> bool:
 
 
 def install(settings) -> bool:
-    """Wrap ``GPUModelRunner._update_states`` (idempotent; the CPU runner inherits it). False with answer checkpoints
-    off."""
-    if not (getattr(settings, "kv_turn_checkpoints", False) and getattr(settings, "kv_answer_checkpoints", False)):
-        return False
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    """Replace the runner's block copy (``kv_block_copies``) and wrap ``GPUModelRunner._update_states`` for the
+    answer-state copies (``kv_turn_checkpoints`` and ``kv_answer_checkpoints``); idempotent, the CPU runner inherits
+    both. False when neither applies."""
+    from vllm.v1.worker import gpu_model_runner
 
+    fixed = bool(getattr(settings, "kv_block_copies", False))
+    if fixed:
+        gpu_model_runner.copy_kv_cache_blocks_inplace = copy_blocks
+    if not (getattr(settings, "kv_turn_checkpoints", False) and getattr(settings, "kv_answer_checkpoints", False)):
+        return fixed
+    GPUModelRunner = gpu_model_runner.GPUModelRunner
     if getattr(GPUModelRunner, _MARK, False):
         return True
     update = GPUModelRunner._update_states

@@ -59,7 +59,7 @@ def test_installed_vllm_is_the_version_the_tests_expect():
                                        "0003-token-weighted-scheduler", "0004-api-server-hooks",
                                        "0005-kv-reuse-template", "0006-turn-checkpoints", "0007-connection-guard",
                                        "0008-cpu-seeded-sampling", "0009-cpu-spec-decode-kernels",
-                                       "0010-answer-state-copies"]
+                                       "0010-kv-copies"]
 
 
 def test_each_patch_applies_alone_and_reverts_to_byte_identical_files(vllm_copy):

@@ -279,7 +279,7 @@ def test_shipped_patch_sets_are_well_formed():
         assert [p.name for p in patches] == ["per-chunk-usage", "usage-accounting", "token-weighted-scheduler",
                                              "api-server-hooks", "kv-reuse-template", "turn-checkpoints",
                                              "connection-guard", "cpu-seeded-sampling", "cpu-spec-decode-kernels",
-                                             "answer-state-copies"]
+                                             "kv-copies"]
         for patch in patches:
             text = patch.path.read_text()
             assert SOURCE_MARK in text and patch.summary().startswith("qwen-vllm-ext: ")

@@ -1,4 +1,5 @@
-"""Answer checkpoints under speculative decoding (issue 49 step 3).
+"""The KV-cache copies the model runner runs for prefix caching: answer-state copies under speculative decoding (issue 49
+step 3) and vLLM's block copies with layers packed into one tensor.
 
 The model runner's copies (``qwen_vllm_ext.kv.state_copies``) are compared byte for byte with vLLM's own reading of
 a step's state columns: the fused precopy (its CPU implementation, checked against the Triton kernel's semantics in
@@ -173,3 +174,46 @@ def test_a_prefill_step_is_no_base_and_async_scheduling_turns_it_off():
     assert _step(manager, request, 97, 3) is not None  # 96 in the step from 94
     scheduler = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=True))
     assert "async scheduling" in hc.speculative_why_not(scheduler)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vLLM's block copies with layers packed into one tensor (the MTP layout of a hybrid model)
+
+def _packed_layout(num_blocks: int = 6, page: int = 64):
+    """One raw buffer with two layer slots of ``num_blocks`` pages each, as vLLM lays out a KV-cache group of two
+    layers: slot 0 holds a Gated DeltaNet state (an int8 view over the first 40 bytes of each page) and an attention
+    layer (float16, the whole page) at the same address, slot 1 another attention layer."""
+    import torch
+
+    raw = torch.randint(0, 256, (2 * num_blocks * page,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    slot0, slot1 = raw[:num_blocks * page], raw[num_blocks * page:]
+    gdn = slot0.view(num_blocks, page)[:, :40]
+    attn0 = slot0.view(torch.float16).view(num_blocks, 2, page // 4)
+    attn1 = slot1.view(torch.float16).view(num_blocks, 2, page // 4)
+    return raw, [gdn, attn1, attn0], num_blocks, page  # vLLM's runner lists the first view at an address first
+
+
+def test_block_copies_copy_every_layer_sharing_an_address():
+    """vLLM's copy (the copy-on-write of a partial-block prefix hit) skips the attention view that starts where the
+    GDN view does, leaving 24 of each 64-byte page uncopied; ``copy_blocks`` copies every byte any view uses, in
+    both slots, and nothing outside the destination pages."""
+    from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+    from vllm.v1.worker.utils import copy_kv_cache_blocks_inplace
+
+    from qwen_vllm_ext.kv.state_copies import copy_blocks
+
+    copies = [KVCacheBlockCopy(src_block_id=1, dst_block_id=4), KVCacheBlockCopy(src_block_id=2, dst_block_id=5)]
+    raw, views, n, page = _packed_layout()
+    copy_kv_cache_blocks_inplace(views, n, copies)
+    slot0 = raw[:n * page].view(n, page)
+    assert bool((slot0[4, :40] == slot0[1, :40]).all()) and not bool((slot0[4, 40:] == slot0[1, 40:]).all())
+
+    raw, views, n, page = _packed_layout()
+    before = raw.clone()
+    copy_blocks(views, n, copies)
+    expected = before.clone().view(2, n, page)
+    for c in copies:
+        expected[:, c.dst_block_id] = before.view(2, n, page)[:, c.src_block_id]
+    assert bool((raw.view(2, n, page) == expected).all())
+    copy_blocks(views, n, [])  # nothing to copy: nothing written
+    assert bool((raw.view(2, n, page) == expected).all())
