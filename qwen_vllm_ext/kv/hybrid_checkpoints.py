@@ -102,6 +102,12 @@ PATCH_TARGETS = {
     # speculative decoding: the state columns of a step (allocation), the step's output carrying the state copies
     "vllm.v1.core.single_type_kv_cache_manager:MambaManager.allocate_new_blocks":
         {"0.32.0": "0a8d1acfc3605960", "0.33.0": "0a8d1acfc3605960"},
+    # the EAGLE/MTP drop the junction and the kept answer states allow for (a hit recomputes its last unit; the
+    # prompt's own state a unit before its floor)
+    "vllm.v1.core.kv_cache_coordinator:HybridKVCacheCoordinator.find_longest_cache_hit":
+        {"0.32.0": "ca610b0f5b303d3f", "0.33.0": "ca610b0f5b303d3f"},
+    "vllm.v1.kv_cache_interface:get_mamba_prefill_checkpoint_position":  # 0.33: a hash lookahead, not under EAGLE
+        {"0.32.0": "1b0ac208fb72781a", "0.33.0": "3dbf83434123da38"},
     "vllm.v1.core.sched.scheduler:Scheduler.schedule":
         {"0.32.0": "0afd4b561401cafb", "0.33.0": "8976aeb2f6ca1604"},
 }

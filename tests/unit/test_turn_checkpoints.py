@@ -395,3 +395,40 @@ def test_answer_repeated_only_where_the_next_prompt_brings_the_generation_back(t
     assert answer_repeated(prompt(history, False), opener, think)
     assert answer_repeated(prompt(first, True), opener, None)            # no think tokens: as before
     assert answer_repeated(tok.encode("plain text, no chat"), opener, think)  # not a chat generation prompt
+
+
+def test_with_the_eagle_drop_the_two_newest_states_stay():
+    """Under MTP a hit recomputes its last unit, so the next turn resumes from the state a unit before the newest
+    (the attention layers cached to the newest): both stay where LRU put them, only older ones are superseded."""
+    from qwen_vllm_ext.kv.hybrid_checkpoints import demote_superseded
+
+    pool, kvm, stats, ours, _, states = _conversations(12)
+    kvm._qwen_drop = UNIT
+    cached = pool.cached_block_hash_to_block.get_one_block
+    pool.get_new_blocks(5)  # under pressure
+    assert demote_superseded(kvm, ours) == 1 and stats["states_demoted"] == 1
+    taken = pool.get_new_blocks(3)
+    assert taken[2].block_id == states["turn1"][0].block_id and cached(states["turn1"][1]) is None
+    assert cached(states["tail"][1]) is states["tail"][0] and cached(states["answer"][1]) is states["answer"][0]
+
+
+@pytest.mark.parametrize("drop", [0, UNIT])
+def test_the_prompt_tail_is_where_vllm_keeps_the_prompts_state(drop):
+    """``_prompt_tail`` (the turn boundary is dropped where it lies past it) is vLLM's own prefill checkpoint
+    position, with and without the EAGLE drop; the junction sits the drop before the boundary."""
+    from types import SimpleNamespace
+
+    from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
+
+    from qwen_vllm_ext.kv.hybrid_checkpoints import _boundary, _prompt_tail
+
+    kvm = SimpleNamespace(_qwen_turn_unit=UNIT, _qwen_drop=drop, _qwen_turn_opener=(7, 8, 9))
+    for n in range(1, 200):
+        request = SimpleNamespace(num_prompt_tokens=n)
+        assert _prompt_tail(kvm, request) == get_mamba_prefill_checkpoint_position(n, UNIT, bool(drop)), n
+    # a generation prompt that crosses a unit: the boundary (48) lies before the prompt's own state
+    prompt = [1] * 54 + [7, 8, 9] + [1] * 8
+    request = SimpleNamespace(prompt_token_ids=prompt, num_prompt_tokens=len(prompt))
+    assert _boundary(kvm, request) == 48 and _prompt_tail(kvm, request) == (48 if drop else 64)
+    short = SimpleNamespace(prompt_token_ids=prompt[:60], num_prompt_tokens=60)  # the tail state covers it
+    assert _boundary(kvm, short) == 0
