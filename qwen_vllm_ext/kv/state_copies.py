@@ -6,10 +6,9 @@ checkpoints need under speculative decoding (the engine-core side is :mod:`.hybr
 partial-block prefix hit, among others) copies, per tensor address, the first layer view it meets, and whole pages
 only when a tensor holds one layer. Under MTP a hybrid model's KV-cache groups put two layers in one tensor (e.g.
 ``[GDN 0, GDN 2]``, ``[attention 3, the MTP layer]``), so the attention layer's view starts where a Gated DeltaNet
-view does and was skipped: the GDN view's bytes were copied (the unpadded recurrent state, 136,192 of a 163,840-byte
-page on the demo), the rest of the attention page stayed as the zeroed new block. Every prefix hit inside a block
-then read the value cache with head dims 48-63 zero, and greedy outputs diverged from an uncached request within a
-few tokens. :func:`copy_blocks` copies, per (address, block stride), every byte any view there uses.
+view does and was skipped: the GDN view's bytes were copied (the unpadded recurrent state, less than a page), the
+rest of the attention page stayed as the zeroed new block. Every prefix hit inside a block then read part of the
+value cache as zeros, and greedy outputs diverged from an uncached request within a few tokens. :func:`copy_blocks` copies, per (address, block stride), every byte any view there uses.
 
 Under speculative decoding (MTP) a decode step of a hybrid model verifies ``1 + k`` tokens; vLLM's Gated DeltaNet
 kernels write the recurrent (temporal) state after each of them to consecutive state columns of the request
