@@ -245,6 +245,10 @@ def speculative_why_not(scheduler) -> str | None:
                 "step is scheduled)")
     if not state_copies.active():
         return "speculative decoding without the model runner's state copies (runtime patch kv_copies)"
+    if getattr(scheduler, "defer_block_free", False):
+        # a KV connector loading into freed blocks while another batch is in flight: the copies' blocks are released
+        # as soon as the step's output is built, which only a step-synchronous engine allows
+        return "speculative decoding with overlapping batches and a KV-consumer connector"
     return None
 
 

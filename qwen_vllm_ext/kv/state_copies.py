@@ -8,7 +8,10 @@ only when a tensor holds one layer. Under MTP a hybrid model's KV-cache groups p
 ``[GDN 0, GDN 2]``, ``[attention 3, the MTP layer]``), so the attention layer's view starts where a Gated DeltaNet
 view does and was skipped: the GDN view's bytes were copied (the unpadded recurrent state, less than a page), the
 rest of the attention page stayed as the zeroed new block. Every prefix hit inside a block then read part of the
-value cache as zeros, and greedy outputs diverged from an uncached request within a few tokens. :func:`copy_blocks` copies, per (address, block stride), every byte any view there uses.
+value cache as zeros, and greedy outputs diverged from an uncached request within a few tokens. :func:`copy_blocks`
+copies, per (address, block stride), every byte any view there uses. It replaces the name in the V1 model runner's
+module (the CPU runner and the GPU default); vLLM's V2 model runner (``vllm/v1/worker/gpu/model_runner.py``) keeps
+its own import. Upstream's fix is open (vllm PR #55112).
 
 Under speculative decoding (MTP) a decode step of a hybrid model verifies ``1 + k`` tokens; vLLM's Gated DeltaNet
 kernels write the recurrent (temporal) state after each of them to consecutive state columns of the request

@@ -161,7 +161,7 @@ def test_every_turn_reuses_the_previous_answer_under_mtp(mtp, thinking):
         ids = ids_of("<|im_start|>system\n" + "You keep a harbour log. " * 20 + "<|im_end|>\n<|im_start|>user\n"
                      "Log the arrivals.<|im_end|>\n<|im_start|>assistant\n" + opener)
         prev: list[int] = []
-        for t in range(6):
+        for t in range(4):
             n = 40 + 23 * t
             body = {"model": MODEL, "prompt": ids, "max_tokens": n, "temperature": 0, "ignore_eos": True,
                     "stream": True, "return_token_ids": True,
@@ -212,7 +212,7 @@ def test_every_turn_resumes_where_the_previous_prompt_diverges_under_mtp(mtp, th
     kwargs = {"enable_thinking": thinking, "preserve_thinking": False}
     prev: list[int] = []
     with client(mtp) as c:
-        for k, messages in enumerate(hybrid_conversation(300 + thinking, 6)):
+        for k, messages in enumerate(hybrid_conversation(300 + thinking, 5)):
             r = c.post("/tokenize", json={"model": MODEL, "messages": messages, "add_generation_prompt": True,
                                           "chat_template_kwargs": kwargs})
             ids = r.json()["tokens"]
@@ -284,7 +284,7 @@ def test_gateway_admission_and_tpm_window_are_exact_under_mtp(mtp):
     exactly what usage says was used."""
     from .test_gateway import run_field_mix
 
-    outcomes, _ = run_field_mix(mtp, seed=49, count=40, name="mix-mtp", model=MODEL)
+    outcomes, _ = run_field_mix(mtp, seed=49, count=20, name="mix-mtp", model=MODEL)
     assert sum(o[2] == 200 for o in outcomes) >= 0.6 * len(outcomes)
     assert all(o[2] in (200, 400) for o in outcomes), [o for o in outcomes if o[2] not in (200, 400)]
 
@@ -299,12 +299,12 @@ def test_token_storm_accounting_is_clean_under_mtp(mtp, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.bench.token_storm", "--base-url", mtp.base_url,
                            "--model", MODEL, "--api-key", mtp.key, "--ledger", str(mtp.data_dir / "ledger.sqlite3"),
                            "--distribution", "normal", "--input-len", "300", "--output-len", "24", "--concurrency",
-                           "4", "--turns", "2", "--num-requests", "16", "--duration", "120", "--field-mix", "0.5",
+                           "4", "--turns", "2", "--num-requests", "8", "--duration", "120", "--field-mix", "0.5",
                            "--output-dir", str(tmp_path), "--strict", "--no-progress", "--no-plot"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     acc = json.loads((tmp_path / "token_storm.json").read_text())["accounting"]
-    assert acc["ledger_checked"] and acc["mismatches"] == [] and acc["checked_requests"] == 16
+    assert acc["ledger_checked"] and acc["mismatches"] == [] and acc["checked_requests"] == 8
     assert spec_counters(mtp)["vllm:spec_decode_num_draft_tokens_total"] > drafts
 
 
