@@ -332,12 +332,15 @@ def aging_clock(job: Job, config: PolicyConfig) -> float:
 
 def lane_key(job: Job, *, overdue: bool, rank: float, use_priority: bool = False, fcfs: bool = False) -> tuple:
     """The ordering rule, the one place it is written (the vLLM queue sorts by it): overdue requests first in
-    arrival order, then the scored lane by ((priority), rank key, arrival, seq) -- by arrival when ``fcfs``."""
+    arrival order, then the scored lane by (rank key, arrival, seq) -- by arrival when ``fcfs``. With
+    ``use_priority`` (vLLM's ``--scheduling-policy priority``) the priority comes first, as in vLLM's own queue:
+    the policy orders within each priority class, and its fallback to arrival order is vLLM's (priority, arrival)."""
+    p = job.priority if use_priority else 0
     if overdue:
-        return (0, 0, 0.0, job.arrival_time, job.seq)
+        return (p, 0, 0.0, job.arrival_time, job.seq)
     if fcfs:
-        return (1, 0, 0.0, job.arrival_time, job.seq)
-    return (1, job.priority if use_priority else 0, rank, job.arrival_time, job.seq)
+        return (p, 1, 0.0, job.arrival_time, job.seq)
+    return (p, 1, rank, job.arrival_time, job.seq)
 
 
 def sort_key(job: Job, now: float, config: PolicyConfig, *, epoch: float = 0.0, use_priority: bool = False,

@@ -60,9 +60,11 @@ class _Clock:
 
 def build_config(model_dir: str, *, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  max_model_len: int = 4096, num_blocks: int = 32768, block_size: int = 16,
-                 enable_prefix_caching: bool = True, async_scheduling: bool = False) -> tuple[Any, Any]:
+                 enable_prefix_caching: bool = True, async_scheduling: bool = False,
+                 scheduling_policy: str = "fcfs") -> tuple[Any, Any]:
     """``(VllmConfig, KVCacheConfig)`` for a scheduler with no model behind it (``model_dir`` only supplies the
-    model config; ``async_scheduling`` is set after construction, as the CPU platform forces it off)."""
+    model config; ``async_scheduling`` is set after construction, as the CPU platform forces it off;
+    ``scheduling_policy``: vLLM's ``--scheduling-policy``, fcfs or priority)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.utils.hashing import sha256
@@ -72,7 +74,7 @@ def build_config(model_dir: str, *, max_num_seqs: int = 32, max_num_batched_toke
     init_none_hash(sha256)
     scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                        max_model_len=max_model_len, enable_chunked_prefill=True,
-                                       is_encoder_decoder=False)
+                                       is_encoder_decoder=False, policy=scheduling_policy)
     model_config = ModelConfig(model=model_dir, dtype="float32", seed=0, skip_tokenizer_init=True,
                                max_model_len=max_model_len)
     cache_config = CacheConfig(block_size=block_size, cache_dtype="auto", enable_prefix_caching=enable_prefix_caching)

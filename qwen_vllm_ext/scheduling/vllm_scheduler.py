@@ -200,7 +200,9 @@ class TokenWeightedRequestQueue(RequestQueue):
         for e in live:
             e.sort = _sort_tuple(e, self._use_priority, self._fcfs)
         live.sort(key=_sort_of)
-        first_scored = len(live) - num_scored
+        # the first request not overdue (with priorities the classes come first: overdue ones of a lower class sort
+        # after it)
+        first_scored = next((i for i, e in enumerate(live) if not e.overdue), len(live))
         num_lookups = cfg.lookup_candidates if max_lookups is None else min(cfg.lookup_candidates, max_lookups)
         if not self._fcfs and num_lookups > 0 and self._lookup is not None and num_scored:
             window = live[first_scored:first_scored + num_lookups]

@@ -66,13 +66,14 @@ def make_scheduler(model_dir, cls=TokenWeightedScheduler, *, policy=None, clock=
 _ids = itertools.count()
 
 
-def make_request(name, prompt_len, *, max_tokens=8, arrival=T0, prompt=None, extra_args=None) -> Request:
+def make_request(name, prompt_len, *, max_tokens=8, arrival=T0, prompt=None, extra_args=None,
+                 priority=0) -> Request:
     if prompt is None:  # unique tokens: no accidental prefix-cache hits between requests
         base = 1000 + next(_ids) * 4096
         prompt = [base + i for i in range(prompt_len)]
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args)
     return Request(request_id=name, prompt_token_ids=list(prompt), sampling_params=params, pooling_params=None,
-                   arrival_time=arrival, block_hasher=get_request_block_hasher(BLOCK, sha256))
+                   arrival_time=arrival, block_hasher=get_request_block_hasher(BLOCK, sha256), priority=priority)
 
 
 def sampling_ids(scheduler, output) -> list[str]:
@@ -171,6 +172,19 @@ def test_short_requests_admitted_before_an_earlier_long_one(model_dir):
     weighted, output = first_step(TokenWeightedScheduler)
     assert weighted == ["short0", "short1", "short2", "long"]
     assert output.num_scheduled_tokens["long"] == 256 - 3 * 40  # the long one gets the rest as a chunk
+
+
+def test_priority_policy_order_is_kept_while_the_costs_are_measured(model_dir):
+    """Under ``--scheduling-policy priority`` the queue's arrival-order fallback (measured costs, before the engine
+    has measured them) admits as vLLM's priority scheduler does: a later, more urgent request first."""
+    def admitted(cls, policy):
+        scheduler = make_scheduler(model_dir, cls, policy=policy, max_num_seqs=1, scheduling_policy="priority")
+        scheduler.add_request(make_request("early-low", 40, arrival=T0, priority=5))
+        scheduler.add_request(make_request("late-urgent", 40, arrival=T0 + 0.01, priority=0))
+        return [r.req_id for r in scheduler.schedule().scheduled_new_reqs]
+
+    assert admitted(Scheduler, None) == ["late-urgent"]
+    assert admitted(TokenWeightedScheduler, PolicyConfig()) == ["late-urgent"]  # measured costs: none yet
 
 
 def test_cached_prefix_lowers_the_weight(model_dir):

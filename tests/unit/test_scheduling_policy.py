@@ -150,6 +150,22 @@ def test_priority_is_respected_only_when_asked():
     assert ids(order(jobs, now=2.0, config=CFG, use_priority=True)) == ["long", "short"]
 
 
+def test_the_fcfs_fallback_keeps_vllms_priority_order():
+    """Where the queue falls back to arrival order (``fcfs_above``; with measured costs, until the engine has
+    measured them) it orders as vLLM's own queue for the scheduling policy: arrival for FCFS, (priority, arrival)
+    under ``--scheduling-policy priority`` -- not arrival alone, which served a later, more urgent request after an
+    earlier, less urgent one."""
+    fcfs = PolicyConfig(fcfs_above=1)
+    jobs = [job("early-low", 0.0, 10, priority=5, seq=1), job("late-urgent", 1.0, 3000, priority=0, seq=2),
+            job("late-low", 1.5, 20, priority=5, seq=3)]
+    assert ids(order(jobs, now=2.0, config=fcfs)) == ["early-low", "late-urgent", "late-low"]
+    assert ids(order(jobs, now=2.0, config=fcfs, use_priority=True)) == ["late-urgent", "early-low", "late-low"]
+    # a request past its maximum wait goes first within its priority class, not ahead of a more urgent class
+    overdue = PolicyConfig(max_wait_s=1.0)
+    assert ids(order(jobs, now=2.0, config=overdue))[0] == "early-low"
+    assert ids(order(jobs, now=2.0, config=overdue, use_priority=True))[:2] == ["late-urgent", "early-low"]
+
+
 def test_grouping_puts_similar_weights_together():
     aging = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=1.0, max_wait_s=0)
     grouping = PolicyConfig(aging_half_life_tokens=0, aging_half_life_s=1.0, max_wait_s=0, group_ratio=2.0)
