@@ -91,7 +91,8 @@ def conversation(c: httpx.Client, model: str, thinking: bool, turns: int, drop: 
         n = 40 + 23 * t
         r = complete(c, model, ids, n)
         shared = common_prefix(prev, ids)
-        bounds = sorted({max(min(shared, computed) // UNIT * UNIT - drop, 0) for computed in (len(prev) - 1, len(prev))})
+        computed = (len(prev) - 1, len(prev))  # the last generated token, or not (verified as a draft)
+        bounds = sorted({max(min(shared, c) // UNIT * UNIT - drop, 0) for c in computed})
         out.append({"turn": t, "prompt": ids, "n": n, **r, "shared": shared, "bounds": bounds,
                     "at_bound": r["cached"] in bounds})
         prev = ids + r["gen"]

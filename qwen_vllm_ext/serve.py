@@ -128,6 +128,31 @@ def additional_config(argv: list[str]) -> dict:
     return {}
 
 
+def speculative_methods() -> set[str]:
+    """Every ``method`` the installed vLLM's ``SpeculativeConfig`` accepts (its ``Literal``, flattened)."""
+    import typing
+
+    from vllm.config.speculative import SpeculativeMethod
+
+    def flat(tp) -> set[str]:
+        args = typing.get_args(tp)
+        return {tp} if not args and isinstance(tp, str) else set().union(*(flat(a) for a in args)) if args else set()
+
+    return flat(SpeculativeMethod)
+
+
+def check_speculative_method(spec) -> None:
+    """Refuse a ``--speculative-config`` whose method the installed vLLM does not know, listing the ones it does
+    (vLLM refuses it too, but only once the API server builds the engine config, in a pydantic validation error)."""
+    method = spec.get("method") if isinstance(spec, dict) else None
+    if method is None:
+        return
+    known = speculative_methods()
+    if method not in known:
+        raise ValueError(f"--speculative-config method {method!r} is not one this vLLM knows: "
+                         f"{', '.join(sorted(known))}")
+
+
 def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: bool = False):
     """Turn launcher argv into (vLLM args namespace, final argv, env updates, profile, settings).
 
@@ -199,7 +224,9 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     final += family.parser_flags(fam, given) + family.hybrid_flags(fam, given, prefix_caching, block_size)
     try:
         if "speculative_config" in given:
-            family.check_speculative_config(fam, getattr(user_ns, "speculative_config", None))
+            spec = getattr(user_ns, "speculative_config", None)
+            check_speculative_method(spec)
+            family.check_speculative_config(fam, spec)
         final += family.mtp_flags(fam, settings.mtp_speculative_tokens, given)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None

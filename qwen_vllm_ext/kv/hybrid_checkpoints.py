@@ -385,9 +385,9 @@ def forget_state_columns(kvm, request) -> None:
 def keep_answer_state(manager, request, finished: bool = False):
     """Mamba manager: copy the running state at the answer checkpoint into a block registered under that prefix
     (vLLM's copy-on-write queue runs the copy before this step's forward): the request's previous answer block,
-    dropped from the cache when nobody holds it, else a new one. ``finished``: the request is being freed, its running block
-    holds the state after its last forward and is registered as it is (no copy). Returns the new key (None:
-    nothing kept)."""
+    dropped from the cache when nobody holds it, else a new one. ``finished``: the request is being freed, its
+    running block holds the state after its last forward and is registered as it is (no copy). Returns the new key
+    (None: nothing kept). Under speculative decoding: :func:`keep_spec_answer_state`."""
     if getattr(manager, "_qwen_spec", 0):
         return keep_spec_answer_state(manager, request, finished)
     c = _answer_position(manager, request)

@@ -167,7 +167,8 @@ def test_every_turn_reuses_the_previous_answer_under_mtp(mtp, thinking):
                     "stream": True, "return_token_ids": True,
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             gen, usage = [], None
-            with c.stream("POST", "/v1/completions", json=body, headers={"x-request-id": f"mtp-ans-{thinking}-{t}"}) as s:
+            rid = f"mtp-ans-{thinking}-{t}"
+            with c.stream("POST", "/v1/completions", json=body, headers={"x-request-id": rid}) as s:
                 assert s.status_code == 200, s.read()
                 for line in s.iter_lines():
                     if line.startswith("data: {"):
@@ -188,7 +189,7 @@ def test_every_turn_reuses_the_previous_answer_under_mtp(mtp, thinking):
                 # thinking on: the first answer's reasoning is not known to come back (no kept think block in the
                 # prompt), so no answer state was kept: the turn resumes from the prompt
                 assert 0 < _cached(usage) < min(want), (t, shared, usage)
-            row = ledger_row(mtp.data_dir, f"mtp-ans-{thinking}-{t}")
+            row = ledger_row(mtp.data_dir, rid)
             assert (row["prompt_tokens"], row["completion_tokens"]) == (len(ids), n)
             prev = ids + gen
             # thinking on: the client keeps the reasoning (closed, with an answer after it), as a client sending

@@ -180,6 +180,11 @@ def test_mtp_switch_on_the_mtp_demo_and_refused_without_mtp_weights():
         with pytest.raises(serve.LaunchError, match=f"method '{method}' drafts with the checkpoint's own MTP layers"):
             serve.resolve(["--model", "qwen36-demo", "--speculative-config",
                            json.dumps({"method": method, "num_speculative_tokens": 1})], environ={}, gpus=[])
+    # a method vLLM does not know: refused at start, naming the ones it does
+    with pytest.raises(serve.LaunchError, match="method 'qwen_mtp' is not one this vLLM knows: .*mtp.*ngram"):
+        serve.resolve(["--model", "qwen36-mtp-accept", "--speculative-config",
+                       '{"method": "qwen_mtp", "num_speculative_tokens": 1}'], environ={}, gpus=[])
+    assert {"mtp", "qwen3_next_mtp", "ngram", "eagle3"} <= serve.speculative_methods()
     # other methods are vLLM's to check
     args, final, *_ = serve.resolve(["--model", "qwen36-demo", "--speculative-config",
                                      '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'],

@@ -1,5 +1,5 @@
-"""The KV-cache copies the model runner runs for prefix caching: answer-state copies under speculative decoding (issue 49
-step 3) and vLLM's block copies with layers packed into one tensor.
+"""The KV-cache copies the model runner runs for prefix caching: answer-state copies under speculative decoding
+(issue 49 step 3) and vLLM's block copies with layers packed into one tensor.
 
 The model runner's copies (``qwen_vllm_ext.kv.state_copies``) are compared byte for byte with vLLM's own reading of
 a step's state columns: the fused precopy (its CPU implementation, checked against the Triton kernel's semantics in
