@@ -337,15 +337,8 @@ def keep_spec_answer_state(manager, request, finished: bool = False):
         count(manager, "answer_copies_skipped")
         return None
     states = kept.setdefault(manager.kv_cache_group_id, [])  # oldest first
-    target = None
-    if len(states) >= getattr(manager, "_qwen_keep", 1):
-        block, old_key = states.pop(0)
-        if block.ref_cnt == 0 and block.block_hash == old_key:
-            pool._maybe_evict_cached_block(block)
-            pool.touch([block])
-            target = block
-    if target is None:
-        target = pool.get_new_blocks(1)[0]
+    oldest = states.pop(0) if len(states) >= getattr(manager, "_qwen_keep", 1) else None
+    target = _held_block(pool, _superseded_block(pool, oldest))
     key = pool.cache_partial_block(request=request, block=target, num_tokens=u,
                                    kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
     if key is None:
@@ -357,6 +350,26 @@ def keep_spec_answer_state(manager, request, finished: bool = False):
     count(manager, "answer_copies")
     states.append((target, key))
     return key
+
+
+def _superseded_block(pool, kept):
+    """The block of a request's superseded answer state ``kept`` ((block, key) or None), dropped from the cache when
+    nobody holds it and it still carries that key; None otherwise (it stays as it is)."""
+    if kept is None:
+        return None
+    block, key = kept
+    if block.ref_cnt == 0 and block.block_hash == key:
+        pool._maybe_evict_cached_block(block)
+        return block
+    return None
+
+
+def _held_block(pool, reuse):
+    """A block for the next answer-state copy, held (ref 1): ``reuse`` taken out of the free queue, else a fresh one."""
+    if reuse is None:
+        return pool.get_new_blocks(1)[0]
+    pool.touch([reuse])
+    return reuse
 
 
 def take_state_copies(kvm) -> tuple[list[tuple[int, int, int, int, int]], list]:
@@ -408,22 +421,13 @@ def keep_answer_state(manager, request, finished: bool = False):
     # the request's previous answer state is superseded: drop it from the cache when nobody holds it, and copy the
     # new one into its block -- taking a fresh block every 16 tokens would evict the LRU cache's oldest entries
     # (other conversations' prefixes) all through a long answer
-    reuse = None
-    if previous is not None:
-        block, old_key = previous
-        if block.ref_cnt == 0 and block.block_hash == old_key:
-            pool._maybe_evict_cached_block(block)
-            reuse = block
+    reuse = _superseded_block(pool, previous)
     if finished:
         key = pool.cache_partial_block(request=request, block=source, num_tokens=c,
                                        kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
         kept_block = source
     else:
-        if reuse is not None:
-            pool.touch([reuse])  # out of the free queue, held (ref 1) like a fresh block
-            kept_block = reuse
-        else:
-            kept_block = pool.get_new_blocks(1)[0]
+        kept_block = _held_block(pool, reuse)
         key = pool.cache_partial_block(request=request, block=kept_block, num_tokens=c,
                                        kv_cache_group_id=manager.kv_cache_group_id, block_size=manager.block_size)
         if key is None:
