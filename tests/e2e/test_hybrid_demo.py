@@ -386,6 +386,21 @@ def test_edited_history_falls_back_and_counts_stay_exact(hybrid):
         assert _cached(usage3) % UNIT == 0 and kept <= _cached(usage3) <= best // UNIT * UNIT
 
 
+def stream_then_drop(c, path: str, body: dict, after: int, headers: dict) -> list[int]:
+    """Token ids a client gets from a streamed request (``body`` asks for ``return_token_ids``) before it drops the
+    connection, once it has ``after`` of them."""
+    received: list[int] = []
+    with c.stream("POST", path, json=body, headers=headers) as s:
+        assert s.status_code == 200
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                for ch in json.loads(line[6:])["choices"]:
+                    received += ch.get("token_ids") or []
+            if len(received) >= after:
+                break  # leaving the block closes the connection mid-answer
+    return received
+
+
 def test_a_disconnect_mid_answer_falls_back_to_a_kept_state_and_counts_stay_exact(hybrid):
     """Issue 48, bad input: a client drops the stream mid-answer and sends the next turn with the partial answer it
     received. The aborted request keeps at most its newest answer state, which may lie past what the client got, so
@@ -405,16 +420,8 @@ def test_a_disconnect_mid_answer_falls_back_to_a_kept_state_and_counts_stay_exac
     with client(server, key) as c:
         prompt = c.post("/tokenize", json={"model": MODEL, "messages": messages, "add_generation_prompt": True,
                                            "chat_template_kwargs": kwargs}).json()["tokens"]
-        received: list[int] = []
-        with c.stream("POST", "/v1/chat/completions", json=body,
-                      headers={"x-session-id": "dropped", "x-request-id": "dropped-mid-answer"}) as s:
-            assert s.status_code == 200
-            for line in s.iter_lines():
-                if line.startswith("data: {"):
-                    for ch in json.loads(line[6:])["choices"]:
-                        received += ch.get("token_ids") or []
-                if len(received) >= 3 * UNIT + 5:
-                    break  # leaving the block closes the connection mid-answer
+        received = stream_then_drop(c, "/v1/chat/completions", body, 3 * UNIT + 5,
+                                    {"x-session-id": "dropped", "x-request-id": "dropped-mid-answer"})
         row = ledger_row(data, "dropped-mid-answer")
         assert row["prompt_tokens"] == len(prompt) and row["completion_tokens"] >= len(received)
         follow = messages + [{"role": "assistant", "content": "".join(words[i] for i in received)},

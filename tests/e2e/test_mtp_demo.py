@@ -15,7 +15,7 @@ import pytest
 from ..redis_server import RedisServer
 from .conftest import Server, early_then_stopped
 from .test_gateway import ADMIN, auth
-from .test_hybrid_demo import END_THINK, ledger_row
+from .test_hybrid_demo import END_THINK, ledger_row, stream_then_drop
 
 MODEL = "qwen36-mtp-half"
 EARLY_GB = 3  # one server
@@ -52,10 +52,10 @@ def spec_counters(server) -> dict:
     return parse_counters(httpx.get(server.base_url + "/metrics", timeout=30).text, names)
 
 
-def stream(c, body: dict, rid: str) -> tuple[list[int], list[tuple[int, dict]]]:
-    """Generated ids and (ids so far, usage) of every chunk of one streamed chat request."""
+def stream(c, body: dict, rid: str, path: str = "/v1/chat/completions") -> tuple[list[int], list[tuple[int, dict]]]:
+    """Generated ids and (ids so far, usage) of every chunk of one streamed chat (or ``path``) request."""
     ids, usages = [], []
-    with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True, "return_token_ids": True},
+    with c.stream("POST", path, json={**body, "stream": True, "return_token_ids": True},
                   headers={"x-request-id": rid}) as s:
         assert s.status_code == 200, s.read()
         for line in s.iter_lines():
@@ -164,20 +164,12 @@ def test_every_turn_reuses_the_previous_answer_under_mtp(mtp, thinking):
         for t in range(4):
             n = 40 + 23 * t
             body = {"model": MODEL, "prompt": ids, "max_tokens": n, "temperature": 0, "ignore_eos": True,
-                    "stream": True, "return_token_ids": True,
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-            gen, usage = [], None
             rid = f"mtp-ans-{thinking}-{t}"
-            with c.stream("POST", "/v1/completions", json=body, headers={"x-request-id": rid}) as s:
-                assert s.status_code == 200, s.read()
-                for line in s.iter_lines():
-                    if line.startswith("data: {"):
-                        chunk = json.loads(line[6:])
-                        for ch in chunk["choices"]:
-                            gen += ch.get("token_ids") or []
-                        if chunk.get("usage"):
-                            usage = chunk["usage"]
-                            assert usage["completion_tokens"] == len(gen), usage
+            gen, usages = stream(c, body, rid, "/v1/completions")
+            for so_far, chunk_usage in usages:
+                assert chunk_usage["completion_tokens"] == so_far, chunk_usage
+            usage = usages[-1][1]
             assert len(gen) == n and usage["prompt_tokens"] == len(ids), usage
             shared = common_prefix(prev, ids)
             # the engine computed all of the previous request but its last token, or all of it when the step that
@@ -241,17 +233,9 @@ def test_an_aborted_draft_heavy_stream_leaves_no_state_past_its_tokens_and_no_he
         prompt = c.post("/tokenize", json={"model": MODEL, "prompt": prompt_text,
                                            "add_special_tokens": False}).json()["tokens"]
         drafts = spec_counters(mtp)["vllm:spec_decode_num_draft_tokens_total"]
-        received: list[int] = []
         body = {"model": MODEL, "prompt": prompt, "max_tokens": 600, "ignore_eos": True, "temperature": 0,
                 "stream": True, "return_token_ids": True}
-        with c.stream("POST", "/v1/completions", json=body, headers={"x-request-id": "mtp-dropped"}) as s:
-            assert s.status_code == 200
-            for line in s.iter_lines():
-                if line.startswith("data: {"):
-                    for ch in json.loads(line[6:])["choices"]:
-                        received += ch.get("token_ids") or []
-                if len(received) >= 3 * UNIT + 5:
-                    break  # leaving the block closes the connection mid-answer
+        received = stream_then_drop(c, "/v1/completions", body, 3 * UNIT + 5, {"x-request-id": "mtp-dropped"})
         row = ledger_row(mtp.data_dir, "mtp-dropped")
         assert row["prompt_tokens"] == len(prompt) and len(received) <= row["completion_tokens"] < 600
         tail = c.post("/tokenize", json={"model": MODEL, "prompt": "<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n"
