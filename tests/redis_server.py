@@ -1,6 +1,6 @@
 """A real, throw-away ``redis-server`` for tests (no mocks).
 
-``RedisServer()`` picks a free loopback port and a temporary directory, starts
+``RedisServer()`` picks a free loopback port and a temporary directory (under /dev/shm where it exists), starts
 ``redis-server --save '' --appendonly yes --appendfsync always --dir TMP --port P --bind 127.0.0.1``, waits
 until it answers PING and stops it on :meth:`stop`. :meth:`restart` keeps port and directory, so the AOF
 is reloaded. A missing ``redis-server`` binary raises (tests must fail loudly, never skip).
@@ -33,7 +33,10 @@ class RedisServer:
         if self.binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server): the ledger tests "
                                "need a real Redis server")
-        self.dir = directory or tempfile.mkdtemp(prefix="qve-redis-")
+        # tmpfs where there is one: the AOF is still written before every reply (so a killed server loses
+        # nothing), but a disk busy with other tests' files cannot stall ``appendfsync always``
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.dir = directory or tempfile.mkdtemp(prefix="qve-redis-", dir=shm)
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
 

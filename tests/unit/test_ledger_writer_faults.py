@@ -203,7 +203,7 @@ def test_a_writer_thread_that_ends_anyway_releases_every_caller_and_loses_nothin
     assert faulty.entered.wait(10)
     queued = [w.submit(make(f"d-{i}", i)) for i in range(1, 6)]
     faulty.hang.set()                                        # the store call ends with a BaseException
-    wait_until(lambda: not w.alive, what="the thread's end")
+    wait_until(lambda: not w.alive and stops, what="the thread's end and its on_stop call")  # alive turns False first
     assert "Fatal" in w.stopped_reason and stops == [w.stopped_reason]
     for f in [first, *queued]:
         with pytest.raises(LedgerWriteError) as err:
