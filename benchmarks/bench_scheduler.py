@@ -175,11 +175,14 @@ def _make_recording(base):
             self._bench_preempted: list[list[float]] = []  # [time, requests preempted by the step]
             self._bench_path = os.environ.get("BENCH_SCHED_STATS", "")
             self._bench_dirty = False
+            self._bench_gate_open = 0  # auto: steps the overload gate let the policy order
 
         def schedule(self, *args, **kwargs):
             t_sched = time.perf_counter()
             out = super().schedule(*args, **kwargs)
             dt_sched = time.perf_counter() - t_sched
+            if getattr(self.waiting, "gate", None) is not None:
+                self._bench_gate_open += not self.waiting.exact
             # Step composition, the cost-model data of sim_scheduler.py: requests, tokens, prefill tokens, prefill
             # and decode context (qwen_vllm_ext.scheduling.vllm_scheduler.step_composition).
             from qwen_vllm_ext.scheduling.vllm_scheduler import step_composition
@@ -223,6 +226,10 @@ def _make_recording(base):
             if stats is not None:
                 data["qwen_stats"] = stats.snapshot()
                 data["qwen_policy"] = {k: v for k, v in vars(self.qwen_policy).items()}
+                gate = self.waiting.gate
+                if gate is not None:
+                    data["qwen_gate"] = {"switches": gate.switches, "open_steps": self._bench_gate_open,
+                                         "steps": len(self._bench_comp)}
             tmp = self._bench_path + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(data, f)
@@ -320,10 +327,13 @@ async def _probe(engine, vocab_size: int) -> dict:
     return {"prefill_2000_s": p, "decode_step_s": d, "prefill_over_decode_step": p / d}
 
 
-SIDE_CLASSES = {"fcfs": "BenchFCFSScheduler", "tw": "BenchTokenWeightedScheduler", "default": None}
+SIDE_CLASSES = {"fcfs": "BenchFCFSScheduler", "tw": "BenchTokenWeightedScheduler",
+                "auto": "BenchTokenWeightedScheduler", "default": None}
 """A side's scheduler: ``fcfs`` forces vLLM's ``Scheduler`` (through the recording subclass), ``tw`` the
-token-weighted one, ``default`` passes no ``scheduler_cls`` (vLLM's own choice on this build; no per-step
-records)."""
+token-weighted one (its policy always on), ``auto`` the same behind its overload gate
+(``token_weighted_scheduler=auto``), ``default`` passes no ``scheduler_cls`` (vLLM's own choice on this build; no
+per-step records)."""
+TOKEN_WEIGHTED_SIDES = ("tw", "auto")
 
 
 def _barrier(path: str, side: int, k: int, timeout_s: float = 900.0) -> float:
@@ -391,6 +401,7 @@ def worker(spec_path: str, out_path: str) -> None:
             r["preempted"] = sum(p[1] for p in steps_data.get("preempted", []) if r["t0"] <= p[0] <= r["t_end"] + 0.5)
             r["qwen_stats"] = steps_data.get("qwen_stats")
             r["qwen_policy"] = steps_data.get("qwen_policy")
+            r["qwen_gate"] = steps_data.get("qwen_gate")  # cumulative over this worker's jobs so far
             r["name"] = job["name"]
             runs.append(r)
         return {"runs": runs, "probe": probe}
@@ -431,7 +442,8 @@ def start_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_n
     env["PYTHONPATH"] = HERE + os.pathsep + ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["BENCH_SCHED_STATS"] = os.path.join(tmp, "steps.json")
     env["QWEN_VLLM_EXT_INSTANCE_DIR"] = os.path.join(tmp, "instance")
-    env["QWEN_VLLM_EXT_TOKEN_WEIGHTED_SCHEDULER"] = "0"  # the policy comes from scheduler_cls only
+    # the class comes from scheduler_cls; the setting says only whether the policy sits behind the overload gate
+    env["QWEN_VLLM_EXT_TOKEN_WEIGHTED_SCHEDULER"] = "auto" if policy == "auto" else "0"
     env.pop("QWEN_VLLM_EXT_SETTINGS", None)  # resolve sched_* from the environment below
     for k in list(env):
         if k.startswith("QWEN_VLLM_EXT_SCHED_"):
@@ -727,7 +739,7 @@ def main() -> int:
                     jobs.append({"name": f"{kind}-x{load}-s{seed}", "requests": make_mix(kind, n, seed),
                                  "arrivals": make_arrivals(kind, n, rate, seed), "salt": f"-x{load}"})
                     keys.append((load, seed, kind))
-        env = [sched_env if s == "tw" else {} for s in sides]
+        env = [sched_env if s in TOKEN_WEIGHTED_SIDES else {} for s in sides]
         print(f"repeat {rep + 1}/{repeats}: {len(jobs)} jobs per side...", flush=True)
         if args.pairing in ("concurrent", "shared"):
             cpus = ((0, 1) if rep % 2 == 0 else (1, 0)) if args.pairing == "concurrent" else (-1, -1)
@@ -746,7 +758,9 @@ def main() -> int:
     # 3. Paired ratios with intervals, the simulator's prediction for the same traces, the verdict.
     cells = analyse(obs, loads, traces, args.slo)
     raw = {"paired": True, "model": args.model, "sides": sides, "loads": loads, "seeds": seeds, "traces": traces,
-           "requests_per_trace": n, "capacity": capacity, "token_weighted_settings": sched_env,
+           "requests_per_trace": n, "capacity": capacity,
+           # the simulator's reading of the token-weighted side (sim_scheduler.parse_config: mode=auto gates it)
+           "token_weighted_settings": {**sched_env, **({"mode": "auto"} if "auto" in sides else {})},
            "engine": ENGINE_KW, "observations": obs,
            # sim_scheduler.py --fit reads the per-step records here (one list per replay).
            "per_step": {f"x{o['load']}-{sides[i]}": [] for o in obs for i in (0, 1)}}
@@ -755,10 +769,10 @@ def main() -> int:
             raw["per_step"][f"x{o['load']}-{sides[i]}"].append({o["trace"]: {"t0": o["runs"][i]["t0"],
                                                                               "comp": o["runs"][i].get("comp", [])}})
     prediction = None
-    if sorted(sides) == ["fcfs", "tw"] and not args.no_predict:
+    if sides[0] != sides[1] and sorted(sides) in (["fcfs", "tw"], ["auto", "fcfs"]) and not args.no_predict:
         import sim_scheduler  # the simulator, on the same traces at the same rates
 
-        flip = sides[0] == "tw"
+        flip = sides[0] in TOKEN_WEIGHTED_SIDES
         prediction = sim_scheduler.predict_paired(raw, args.slo, invert=flip)
     table = report(cells, loads, traces, sides, prediction)
     all_pass = all(cells[str(load)]["all"]["pass"] for load in loads)

@@ -14,13 +14,14 @@ Phases (each on a fresh server, one at a time):
    its default flags and no extension, and (b) the launcher with the profile it detects: throughput, TTFT and TPOT
    ratios (b)/(a). On (b) TokenStorm checks usage on every streamed chunk and every request's ledger record
    (``--strict --ledger``).
-2. **scheduler comparison** (issue #35) — three servers resident at once (FCFS "a", FCFS "b", token-weighted; GPU:
-   0.28 of its memory each), capacity from a closed-loop saturation run on FCFS "a", then per load (0.8x, 1.2x,
-   1.7x) and repeat (3) the same seeded open-loop trace on all three back to back, the order rotated every repeat.
-   The A/A ratios (b/a) and the A/B ratios (token-weighted/a) of mean and p99 TTFT and throughput get 95% intervals
-   over the repeats and issue #35's test (interval below 1.03 / 1.08, above 0.97): the A/A pair must pass for the
-   A/B verdict to mean anything. About 10 minutes of the check's time on one GPU (three server starts, 27 runs of 6 s of
-   arrivals; estimated: not yet run on one).
+2. **scheduler comparison** (issues #35, #50) — four servers resident at once on a GPU (FCFS "a", FCFS "b",
+   token-weighted always on, token-weighted ``auto``: 0.22 of its memory each; the CPU smoke runs the first two and
+   ``auto``), capacity from a closed-loop saturation run on FCFS "a", then per load (0.8x, 1.2x, 1.7x) and repeat
+   (3) the same seeded open-loop trace on every side back to back, the order rotated every repeat.
+   The A/A ratios (b/a) and the A/B ratios (each token-weighted side / a) of mean and p99 TTFT and throughput get 95%
+   intervals over the repeats and issue #35's test (interval below 1.03 / 1.08, above 0.97): the A/A pair must pass
+   for an A/B verdict to mean anything. About 13 minutes of the check's time on one GPU (four server starts, 36 runs
+   of 6 s of arrivals; estimated: not yet run on one).
 3. **KV offloading** (GPU) — a server whose GPU KV cache is held to 2,048 blocks: long distinct prompts evict the
    first one from the GPU; re-sent, it must report cached tokens (served from the host-memory tier).
 4. **idle sleep** (GPU) — the same server with ``idle_sleep_s=5``: once asleep, a request must wake it and succeed;
@@ -144,23 +145,28 @@ def chat(server: ServeProcess, content: str, max_tokens: int = 4) -> dict:
     return r.json()
 
 
-# The scheduler comparison (issue #35): three servers resident at once — FCFS "a", FCFS "b" (the A/A pair: a
-# policy that does nothing must pass the same test) and the token-weighted one — each on its share of the GPU's
-# memory, used one at a time. Per load and repeat, the three replay the same seeded open-loop trace back to back,
+# The scheduler comparison (issues #35, #50): the servers resident at once — FCFS "a", FCFS "b" (the A/A pair: a
+# policy that does nothing must pass the same test) and the token-weighted ones — each on its share of the GPU's
+# memory, used one at a time. Per load and repeat, they replay the same seeded open-loop trace back to back,
 # in an order rotated every repeat, so a drift in the machine's speed hits each alike. Ratios b/a and tw/a per
 # repeat; their 95% intervals (qwen_vllm_ext.bench.paired) are judged by issue #35's rule.
-COMPARE = {"gpu": {"loads": (0.8, 1.2, 1.7), "repeats": 3, "span_s": 6.0, "mem": "0.28"},
+COMPARE = {"gpu": {"loads": (0.8, 1.2, 1.7), "repeats": 3, "span_s": 6.0, "mem": "0.22"},
            "cpu": {"loads": (1.2,), "repeats": 2, "span_s": 4.0, "mem": None}}
-SIDES = (("fcfs_a", "false"), ("fcfs_b", "false"), ("token_weighted", "true"))
+SIDES = {"gpu": (("fcfs_a", "false"), ("fcfs_b", "false"), ("token_weighted", "true"), ("auto", "auto")),
+         "cpu": (("fcfs_a", "false"), ("fcfs_b", "false"), ("auto", "auto"))}
+"""Per mode, the comparison's servers and their ``token_weighted_scheduler``: two FCFS (the A/A pair), the policy
+always on and behind the overload gate (the GPU check; the CPU smoke runs the gated one, the candidate default)."""
+COMPARED = (("aa", "fcfs_b"), ("ab", "token_weighted"), ("auto", "auto"))
+"""Each comparison against ``fcfs_a``: its label and side."""
 
 
 def start_sides(mode: str, common: list[str], work: Path, servers: list) -> dict:
-    """The comparison's three servers: on a GPU one at a time, each healthy before the next (each measures the
+    """The comparison's servers (:data:`SIDES`): on a GPU one at a time, each healthy before the next (each measures the
     memory it may take); on the CPU all at once, not waited for."""
     cfg = COMPARE[mode]
     extra = ["--gpu-memory-utilization", cfg["mem"]] if cfg["mem"] else []
     live = {}
-    for name, tw in SIDES:
+    for name, tw in SIDES[mode]:
         argv = ["--qwen-data-dir", str(work / f"{name}-data"), "--qwen-token-weighted-scheduler", tw, *extra, *common]
         live[name] = start(argv, work / f"{name}.log", label=f"{name} server", wait=mode == "gpu")
         servers.append(live[name])
@@ -169,7 +175,7 @@ def start_sides(mode: str, common: list[str], work: Path, servers: list) -> dict
 
 def scheduler_comparison(mode: str, common: list[str], work: Path, servers: list, checks: Check,
                          live: dict | None = None) -> dict:
-    """``live``: the three servers of :func:`start_sides` when already started."""
+    """``live``: the servers of :func:`start_sides` when already started."""
     from qwen_vllm_ext.bench.paired import judge, ratio_interval
 
     cfg = COMPARE[mode]
@@ -184,21 +190,23 @@ def scheduler_comparison(mode: str, common: list[str], work: Path, servers: list
         rate = load * capacity
         n = max(int(rate * cfg["span_s"]), 10)
         for rep in range(cfg["repeats"]):
-            order = [SIDES[(k + rep) % len(SIDES)][0] for k in range(len(SIDES))]
+            sides = SIDES[mode]
+            order = [sides[(k + rep) % len(sides)][0] for k in range(len(sides))]
             for name in order:
                 work_dir = work / f"x{load}-r{rep}-{name}"
                 rep_out = storm(live[name], work_dir, [*OVERLOAD[mode], "--rate", f"{rate:.3f}", "--num-requests",
                                                        str(n), "--duration", str(2 * cfg["span_s"])], checked=False,
                                 seed=str(100 + rep))
                 runs.setdefault(str(load), {}).setdefault(name, []).append(brief(rep_out))
-    sched = httpx.get(live["token_weighted"].base_url + "/qwen_ext/health", timeout=30).json().get("scheduler") or []
+    tw_side = SIDES[mode][-1][0]
+    sched = httpx.get(live[tw_side].base_url + "/qwen_ext/health", timeout=30).json().get("scheduler") or []
     for s in live.values():
         s.stop()
     keys = {"ttft_mean_s": "ttft_mean_s", "ttft_p99_s": "ttft_p99_s", "output_tok_s": "output_token_throughput",
             "goodput_req_s": "goodput"}
     comparisons: dict = {}
     for load, by_side in runs.items():
-        for label, side in (("aa", "fcfs_b"), ("ab", "token_weighted")):
+        for label, side in ((label, side) for label, side in COMPARED if side in by_side):
             metrics = {k: ratio_interval([ratio(b[v], a[v]) or float("nan")
                                           for a, b in zip(by_side["fcfs_a"], by_side[side])]) for k, v in keys.items()}
             comparisons.setdefault(load, {})[label] = {"metrics": metrics, **judge(metrics)}
@@ -209,22 +217,25 @@ def scheduler_comparison(mode: str, common: list[str], work: Path, servers: list
                   f"{m['output_tok_s']['hi']:.3f}]  {'PASS' if comparisons[load][label]['pass'] else 'FAIL'}",
                   flush=True)
     resolved = all(c["aa"]["pass"] for c in comparisons.values())
-    never_worse = resolved and all(c["ab"]["pass"] for c in comparisons.values())
+    never_worse = {label: resolved and all(c[label]["pass"] for c in comparisons.values())
+                   for label, side in COMPARED[1:] if side in live}
     expected = "TokenWeightedScheduler" if mode == "cpu" else "TokenWeightedAsyncScheduler"
     checks.add("the token-weighted class runs in the engine core", bool(sched) and
                sched[0].get("scheduler") == expected, f"{sched[0].get('scheduler') if sched else None}")
-    verdict = ("never worse than FCFS within the intervals" if never_worse else
-               "the A/A pair does not pass: the protocol cannot resolve the targets here" if not resolved else
-               "worse than FCFS in at least one cell: keep --qwen-token-weighted-scheduler false")
+    verdict = ("the A/A pair does not pass: the protocol cannot resolve the targets here" if not resolved else
+               "; ".join(f"{'always on' if label == 'ab' else 'auto'}: " + (
+                   "never worse than FCFS within the intervals" if ok else "worse than FCFS in at least one cell")
+                   for label, ok in never_worse.items()))
     print(f"  scheduler verdict: {verdict}", flush=True)
     first = str(cfg["loads"][0])
     return {"capacity_req_s": capacity, "loads": list(cfg["loads"]), "repeats": cfg["repeats"],
             "span_s": cfg["span_s"], "runs": runs, "comparisons": comparisons, "aa_pass": resolved,
-            "never_worse": never_worse, "verdict": verdict,
+            # "never_worse": the policy always on (token_weighted_scheduler=true); "never_worse_auto": behind the gate
+            "never_worse": never_worse.get("ab"), "never_worse_auto": never_worse.get("auto"), "verdict": verdict,
             "engine_scheduler": sched[0].get("scheduler") if sched else None,
             # the CDF plot: the first load's pooled TTFTs
             "fcfs": {"ttfts": [t for b in runs[first]["fcfs_a"] for t in b["ttfts"]]},
-            "token_weighted": {"ttfts": [t for b in runs[first]["token_weighted"] for t in b["ttfts"]]}}
+            "token_weighted": {"ttfts": [t for b in runs[first][tw_side] for t in b["ttfts"]]}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,11 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             healthy(profile)
         health = httpx.get(profile.base_url + "/qwen_ext/health", timeout=30).json()
-        tw_default = bool(health["settings"].get("token_weighted_scheduler"))
+        tw_default = health["settings"].get("token_weighted_scheduler") not in (False, None, "false")
         b = storm(profile, work / "profile", FIXED[mode], checked=True, ledger=data / "ledger.sqlite3")
         sa, sb = brief(a), brief(b)
         result["phases"]["stock_vs_profile"] = {
-            "stock": sa, "profile": sb, "profile_scheduler": "token-weighted" if tw_default else "fcfs",
+            "stock": sa, "profile": sb, "profile_scheduler": ("token-weighted (" + str(health["settings"]["token_weighted_scheduler"]) + ")")
+            if tw_default else "fcfs",
             "ratios": {"ttft_mean": ratio(sb["ttft_mean_s"], sa["ttft_mean_s"]),
                        "tpot_mean": ratio(sb["tpot_mean_s"], sa["tpot_mean_s"]),
                        "output_token_throughput": ratio(sb["output_token_throughput"], sa["output_token_throughput"])}}
@@ -292,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"{sb['completed']}/{sb['requests']} completed, {sb['mismatches']} mismatches")
         # ---- 2. scheduler comparison: A/A and A/B, interleaved -------------------------------------------
         profile.stop()
-        print("phase 2: scheduler comparison (FCFS against FCFS, token-weighted against FCFS, interleaved)", flush=True)
+        print("phase 2: scheduler comparison (FCFS against FCFS, token-weighted and auto against FCFS, interleaved)",
+              flush=True)
         result["phases"]["scheduler"] = scheduler_comparison(mode, common, work, servers, checks, sides)
         if not args.cpu_smoke:  # the evidence a GPU profile needs to ship the scheduler on (issue #35's rule)
             from qwen_vllm_ext.profiles import select_profile

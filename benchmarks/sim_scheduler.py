@@ -12,7 +12,8 @@ real run's traces at its rates and prints simulated next to measured figures, so
         --seeds 0,1,2 --config fixed:AGING_LOAD_EXPONENT=0 --config scaled2:AGING_HALF_LIFE_S=0.6,AGING_LOAD_EXPONENT=2
 
 ``--config NAME:KEY=VALUE,...`` (repeatable) names a token-weighted configuration; keys are ``sched_*`` settings
-without the prefix (``QWEN_VLLM_EXT_SCHED_`` spelling accepted). Without ``--config``: the shipped defaults.
+without the prefix (``QWEN_VLLM_EXT_SCHED_`` spelling accepted), and ``mode=auto`` puts it behind the overload gate
+(``token_weighted_scheduler=auto``; default ``mode=true``). Without ``--config``: the shipped defaults, always on.
 ``--speed 0.5,1,2`` repeats the sweep with every step's cost divided by each factor — an engine half or twice as
 fast — to show how a setting depends on the engine's speed (capacity and rates are re-measured at each speed).
 
@@ -52,6 +53,11 @@ from qwen_vllm_ext.scheduling.sim import StepCostModel, fit_cost_model, simulate
 METRICS = (("ttft_mean_s", "mean", "<=", 1.0), ("ttft_p50_s", "p50", "<=", None), ("ttft_p99_s", "p99", "<=", 1.05),
            ("long_decile_p99_ttft_s", "long p99", "<=", None), ("output_tok_s", "tok/s", ">=", 0.98),
            ("goodput_req_s", "goodput", ">=", None))
+OVERLOAD_TARGETS = (("ttft_mean_s", "<=", 1.0), ("ttft_p99_s", "<=", 1.02), ("long_decile_p99_ttft_s", "<=", 1.05),
+                    ("output_tok_s", ">=", 0.99))
+"""Issue #50's targets for ``token_weighted_scheduler=auto`` against FCFS, held by the median over seeds on every
+trace at every load (below the gate the ratios are 1 by construction): mean TTFT <= 1.00x, p99 <= 1.02x,
+longest-decile p99 <= 1.05x, throughput >= 0.99x."""
 COST_MODELS = os.path.join(HERE, "cost_models.json")
 
 
@@ -59,21 +65,28 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else (1.0 if a == b else float("inf"))
 
 
-def parse_config(text: str) -> tuple[str, PolicyConfig]:
-    """``NAME:KEY=VALUE,...`` -> (NAME, the policy): values parsed and checked by the settings object itself."""
+def parse_config(text: str) -> tuple[str, PolicyConfig, bool]:
+    """``NAME:KEY=VALUE,...`` -> (NAME, the policy, behind the overload gate): values parsed and checked by the
+    settings object itself."""
     from qwen_vllm_ext.config import Settings, SettingsError
 
     name, _, body = text.partition(":")
     values = {}
+    mode = "true"
     for kv in filter(None, body.split(",")):
         key, _, value = kv.partition("=")
+        if key.strip().lower() in ("mode", "token_weighted_scheduler"):
+            mode = value.strip().lower()
+            if mode not in ("true", "auto"):
+                raise SystemExit(f"--config {text!r}: mode must be true or auto, got {value!r}")
+            continue
         field = key.strip().lower().removeprefix("qwen_vllm_ext_").removeprefix(SETTING_PREFIX)
         known = [f.name for f in dataclasses.fields(PolicyConfig)]
         if field not in known:
             raise SystemExit(f"--config {text!r}: unknown setting {field!r}; known: " + ", ".join(known))
         values[SETTING_PREFIX + field] = value
     try:
-        return name or "tw", Settings.resolve(env={}, cli=values).scheduler
+        return name or "tw", Settings.resolve(env={}, cli=values).scheduler, mode == "auto"
     except SettingsError as exc:
         raise SystemExit(f"--config {text!r}: {exc}") from None
 
@@ -88,11 +101,12 @@ been serving that traffic), not from an empty fit."""
 
 
 def run_traces(model_dir: str, traces: list[str], n: int, rates: dict[str, float], cost: StepCostModel, seed: int,
-               token_weighted: bool, policy: PolicyConfig | None) -> dict[str, dict]:
+               token_weighted: bool, policy: PolicyConfig | None, auto: bool = False) -> dict[str, dict]:
     out = {}
     for kind in traces:
         out[kind] = simulate(model_dir, bench.make_mix(kind, n, seed), bench.make_arrivals(kind, n, rates[kind], seed),
-                             cost, token_weighted=token_weighted, policy=policy, warm=WARM.get(kind), **ENGINE)
+                             cost, token_weighted=token_weighted, policy=policy, warm=WARM.get(kind), auto=auto,
+                             **ENGINE)
     return out
 
 
@@ -192,7 +206,7 @@ def main() -> int:
     traces = [t for t in args.traces.split(",") if t]
     loads = [float(x) for x in args.loads.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
-    configs = [parse_config(c) for c in args.config] or [("default", PolicyConfig())]
+    configs = [parse_config(c) for c in args.config] or [("default", PolicyConfig(), False)]
     t_start = time.time()
     fidelity = engine_time = None
     if args.cost_model:
@@ -217,6 +231,7 @@ def main() -> int:
         print(f"\nspeed {speed:g}: simulated capacity " + ", ".join(f"{k} {v:.2f} req/s" for k, v in cap.items()))
         sweep(args, model_dir, traces, loads, seeds, configs, scaled, cap, speed, table)
     medians = median_table(table)
+    intervals = interval_table(table, traces)
     print(f"({time.time() - t_start:.0f} s)")
     out = args.out or os.path.join(bench.RESULTS, "sim_scheduler" + (f"_{args.cost_model}" if args.cost_model else "")
                                    + ".json")
@@ -224,7 +239,8 @@ def main() -> int:
     with open(out, "w") as f:
         json.dump({"cost_model": dataclasses.asdict(cost), "fit": stats,
                    "fidelity": fidelity, "engine_time": engine_time, "capacity": caps, "ratios": table, "medians": medians,
-                   "configs": {n: vars(c) for n, c in configs}, "engine": ENGINE, "loads": loads, "seeds": seeds,
+                   "intervals": intervals,
+                   "configs": {n: {**vars(c), "mode": "auto" if a else "true"} for n, c, a in configs}, "engine": ENGINE, "loads": loads, "seeds": seeds,
                    "traces": traces, "command": " ".join(sys.argv)}, f, indent=1, default=str)
     print(f"wrote {out}")
     return 0
@@ -250,6 +266,48 @@ def median_table(table: dict) -> dict:
             speed, load = key.split("-")
             print(f"  {name:>14} {'' if speed == '1' else f'speed {speed} '}{load}x: " + "  ".join(
                 f"{label} {med[m]:.2f}" for m, label, *_ in METRICS) + ("  never-worse" if ok else ""), flush=True)
+    return out
+
+
+def interval_table(table: dict, traces: list[str]) -> dict:
+    """Per configuration, speed, load and trace (and pooled, ``all``): the 95% interval over seeds of each ratio
+    (``qwen_vllm_ext.bench.paired.ratio_interval``: geometric mean and Student t on the log ratio), the median, and
+    whether the medians meet :data:`OVERLOAD_TARGETS` on every trace (``targets_met``; printed)."""
+    import statistics
+
+    from qwen_vllm_ext.bench.paired import ratio_interval
+
+    out: dict = {}
+    print("\n95% intervals over seeds, per trace (issue #50's targets on the medians: "
+          + ", ".join(f"{m} {op} {lim}" for m, op, lim in OVERLOAD_TARGETS) + ")")
+    for name, rows in table.items():
+        groups: dict = {}
+        for key, row in rows.items():
+            speed, _seed, load = key.split("-")
+            groups.setdefault(f"{speed}-{load}", []).append(row)
+        for key, group in sorted(groups.items(), key=lambda kv: [float(x) for x in kv[0].split("-")]):
+            cell: dict = {}
+            for scope in traces + ["all"]:
+                cell[scope] = {}
+                for m, *_ in METRICS:
+                    values = [r[scope][m] for r in group]
+                    iv = ratio_interval(values) if len(values) > 1 else {"point": values[0], "lo": values[0],
+                                                                         "hi": values[0], "n": 1}
+                    cell[scope][m] = {**iv, "median": statistics.median(values)}
+            met = all((cell[t][m]["median"] <= lim) if op == "<=" else (cell[t][m]["median"] >= lim)
+                      for t in traces for m, op, lim in OVERLOAD_TARGETS)
+            gates = [r["gate"] for r in group if r.get("gate")]
+            cell["targets_met"] = met
+            cell["gate_open_share"] = (sum(g["overloaded_steps"] for g in gates) / max(sum(g["steps"] for g in gates), 1)
+                                       if gates else None)
+            out.setdefault(name, {})[key] = cell
+            speed, load = key.split("-")
+            print(f"  {name:>10} {load}x: " + " | ".join(
+                f"{t}: mean {cell[t]['ttft_mean_s']['point']:.2f} [{cell[t]['ttft_mean_s']['lo']:.2f}, "
+                f"{cell[t]['ttft_mean_s']['hi']:.2f}] long p99 {cell[t]['long_decile_p99_ttft_s']['point']:.2f} "
+                f"[{cell[t]['long_decile_p99_ttft_s']['lo']:.2f}, {cell[t]['long_decile_p99_ttft_s']['hi']:.2f}]"
+                for t in traces) + ("  targets met" if met else "")
+                + (f"  gate open {cell['gate_open_share']:.0%} of steps" if gates else ""), flush=True)
     return out
 
 
@@ -293,12 +351,12 @@ def step_records(real: dict) -> list:
     return pooled_records
 
 
-def predict_paired(raw: dict, slo: float, invert: bool = False) -> dict:
+def predict_paired(raw: dict, slo: float, invert: bool = False, config: tuple | None = None) -> dict:
     """The simulator's prediction for a paired ``bench_scheduler.py`` run (its ``.raw.json``): the step-cost model
     fitted to that run's own steps, the same traces (seeds, loads, the measured capacity's rates) through FCFS and
-    the token-weighted scheduler (the run's settings), and the ratios computed the way the real ones are — per
-    seed, traces pooled, then the geometric mean over seeds. ``invert``: report FCFS / token-weighted (when the
-    run's side 1 is FCFS)."""
+    the token-weighted scheduler (the run's settings, or ``config``: a :func:`parse_config` result), and the ratios
+    computed the way the real ones are — per seed, traces pooled, then the geometric mean over seeds. ``invert``:
+    report FCFS / token-weighted (when the run's side 1 is FCFS)."""
     from qwen_vllm_ext.demo import ensure_demo_model
 
     model_dir = str(ensure_demo_model(variant=raw["model"]))
@@ -306,7 +364,8 @@ def predict_paired(raw: dict, slo: float, invert: bool = False) -> dict:
     cost, stats = fit_cost_model(step_records(raw))
     print(f"  step-cost fit to the run's own steps: {stats['steps']} steps, R^2 {stats['r2']:.3f}, median |error| "
           f"{100 * stats['median_rel_err']:.0f}%", flush=True)
-    policy = parse_config("real:" + ",".join(f"{k}={v}" for k, v in (raw.get("token_weighted_settings") or {}).items()))[1]
+    _, policy, auto = config or parse_config("real:" + ",".join(
+        f"{k}={v}" for k, v in (raw.get("token_weighted_settings") or {}).items()))
     traces, n = raw["traces"], raw["requests_per_trace"]
     _, warm = simulated_capacity(model_dir, traces, cost, engine)
     cells: dict = {}
@@ -318,7 +377,7 @@ def predict_paired(raw: dict, slo: float, invert: bool = False) -> dict:
                 runs[tw] = [simulate(model_dir, bench.make_mix(kind, n, seed),
                                      bench.make_arrivals(kind, n, load * raw["capacity"][kind]["req_s"], seed), cost,
                                      token_weighted=tw, policy=policy if tw else None, warm=warm.get(kind) if tw else None,
-                                     **engine) for kind in traces]
+                                     auto=auto and tw, **engine) for kind in traces]
             f, t = (bench.summarize(bench.pooled(runs[x]), slo) for x in (False, True))
             per_seed.append({m: (ratio(f[m], t[m]) if invert else ratio(t[m], f[m])) for m, *_ in METRICS})
             per_seed[-1]["absolute"] = {"fcfs": {m: f[m] for m, *_ in METRICS}, "tw": {m: t[m] for m, *_ in METRICS}}
@@ -339,8 +398,13 @@ def fit_and_check(args, model_dir: str, traces: list[str]):
         real = json.load(f)
     if real.get("paired"):  # a paired run's .raw.json: the fit and the prediction for its own traces
         print(f"\nprediction for the paired run {args.fit} (its traces at its rates, its own step-cost fit):")
-        prediction = predict_paired(real, args.slo, invert=real["sides"][0] == "tw")
+        prediction = predict_paired(real, args.slo, invert=real["sides"][0] in ("tw", "auto"))
         cost = StepCostModel(**prediction["cost_model"])
+        for config in (parse_config(c) for c in args.config):  # other settings on the same traces (a frontier)
+            print(f"\nthe same traces with --config {config[0]}:", flush=True)
+            prediction.setdefault("configs", {})[config[0]] = {
+                "settings": {**vars(config[1]), "mode": "auto" if config[2] else "true"},
+                **predict_paired(real, args.slo, invert=real["sides"][0] in ("tw", "auto"), config=config)}
         return cost, prediction["fit"], prediction, None
     if not any(rep for reps in real.get("per_step", {}).values() for rep in reps):
         raise SystemExit(f"{args.fit} has no per-step records (run bench_scheduler.py from this version)")
@@ -355,13 +419,14 @@ def fit_and_check(args, model_dir: str, traces: list[str]):
     real_cap = {k: v["req_s"] for k, v in real["capacity"].items()}
     real_n = real["requests_per_trace"]
     print(f"\nfidelity (real run's traces at its rates; real TW settings {real.get('token_weighted_settings') or 'defaults'}):")
-    real_policy = parse_config("real:" + ",".join(f"{k}={v}" for k, v in (real.get("token_weighted_settings") or {}).items()))[1]
+    _, real_policy, real_auto = parse_config("real:" + ",".join(
+        f"{k}={v}" for k, v in (real.get("token_weighted_settings") or {}).items()))
     fidelity = {}
     for load in real["loads"]:
         rates = {k: load * real_cap[k] for k in traces}
         for policy in ("fcfs", "tw"):
             sim_runs = run_traces(model_dir, traces, real_n, rates, cost, real["args"]["seed"], policy == "tw",
-                                  real_policy if policy == "tw" else None)
+                                  real_policy if policy == "tw" else None, real_auto and policy == "tw")
             s = summaries(sim_runs, traces, args.slo)["all"]
             r = real["summary"][str(load)]["all"][policy]
             fidelity[f"{load}-{policy}"] = {"sim": s, "real": {m: r[m] for m, *_ in METRICS}}
@@ -380,14 +445,18 @@ def sweep(args, model_dir: str, traces: list[str], loads: list[float], seeds: li
         for load in loads:
             rates = {k: load * cap[k] for k in traces}
             base = summaries(run_traces(model_dir, traces, args.requests, rates, cost, seed, False, None), traces, args.slo)
-            for name, cfg in configs:
-                tw = summaries(run_traces(model_dir, traces, args.requests, rates, cost, seed, True, cfg), traces,
-                               args.slo)
+            for name, cfg, auto in configs:
+                runs = run_traces(model_dir, traces, args.requests, rates, cost, seed, True, cfg, auto)
+                tw = summaries(runs, traces, args.slo)
                 row = {}
                 for scope in traces + ["all"]:
                     row[scope] = {m: ratio(tw[scope][m], base[scope][m]) for m, *_ in METRICS}
                 row["fcfs"] = {m: base["all"][m] for m, *_ in METRICS}
                 row["tw"] = {m: tw["all"][m] for m, *_ in METRICS}
+                if auto:  # the share of steps the gate let the policy order
+                    gates = [runs[k]["gate"] for k in traces]
+                    row["gate"] = {"overloaded_steps": sum(g["overloaded_steps"] for g in gates),
+                                   "steps": sum(g["steps"] for g in gates), "switches": sum(g["switches"] for g in gates)}
                 ok = all((row["all"][m] <= lim) if op == "<=" else (row["all"][m] >= lim)
                          for m, _, op, lim in METRICS if lim is not None)
                 table.setdefault(name, {})[f"{speed:g}-{seed}-{load}"] = row

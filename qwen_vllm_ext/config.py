@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .scheduling.policy import SETTING_PREFIX, PolicyConfig, PolicyError
+from .scheduling.policy import SCHEDULER_MODES, SETTING_PREFIX, PolicyConfig, PolicyError
 
 ENV_PREFIX = "QWEN_VLLM_EXT_"
 NESTED_POLICY = "scheduler"  # the Settings field holding the scheduler policy (settings sched_*)
@@ -94,10 +94,11 @@ class Settings:
     """Sampling rate of the other responses."""
 
     # ---- scheduling ----------------------------------------------------------------------------
-    token_weighted_scheduler: bool = False
-    """Monkeypatch mode: the engine core uses the token-weighted scheduler without --scheduler-cls. Off in every
-    launcher profile until a real engine of its hardware shows it never worse than FCFS (the simulator does; this
-    machine cannot resolve it; docs/scheduling.md says when to turn it on and how to check it on a GPU)."""
+    token_weighted_scheduler: str = "false"
+    """``false``: vLLM's scheduler. ``true``: the token-weighted scheduler (monkeypatch mode: no --scheduler-cls
+    needed), its policy ordering the queue always. ``auto``: the same scheduler behind the overload gate — exactly
+    vLLM's FCFS decisions until the waiting queue needs more than ``sched_overload_steps`` full steps to start, the
+    policy only then (docs/scheduling.md). A profile turns it on only where the evidence says never worse."""
     scheduler: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     """The token-weighted policy (``qwen_vllm_ext.scheduling.policy.PolicyConfig``): each of its fields ``f`` is
     the setting ``sched_f`` (``QWEN_VLLM_EXT_SCHED_F``, ``--qwen-sched-f``), defined and documented there once."""
@@ -266,6 +267,13 @@ class Settings:
         if name not in fields:
             raise SettingsError(f"unknown setting {name!r}; known settings: {', '.join(fields)}")
         kind = fields[name][0]
+        if name == "token_weighted_scheduler":
+            text = str(value).strip().lower()
+            mode = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(text, text)
+            if mode not in SCHEDULER_MODES:
+                raise SettingsError(f"setting 'token_weighted_scheduler' expects {'/'.join(SCHEDULER_MODES)}, got "
+                                    f"{value!r}")
+            return mode
         if kind == "bool":
             if isinstance(value, bool):
                 return value

@@ -191,13 +191,17 @@ class Doctor:
 
     def check_scheduler(self) -> None:
         status = self.http.get("/qwen_ext/health", timeout=10, headers=self.admin_headers()).json().get("scheduler") or []
-        wanted = self.settings().get("token_weighted_scheduler")
+        mode = self.settings().get("token_weighted_scheduler")
+        mode = {True: "true", False: "false", None: "false"}.get(mode, mode)  # older servers: a boolean
         if status:
             s = status[0]
-            self.add("scheduler", "PASS", f"{s.get('scheduler')} in the engine core (pid {s.get('pid')}); ordering: "
-                     f"{(s.get('costs') or {}).get('ordering', '?')}")
-        elif wanted:
-            self.add("scheduler", "FAIL", "token_weighted_scheduler=true but no engine core reports the class",
+            gate = s.get("gate")
+            gated = (f"; overload gate {'on' if gate.get('overloaded') else 'off'} (backlog {gate.get('backlog_steps')} "
+                     f"steps, {gate.get('switches')} switches)") if gate else ""
+            self.add("scheduler", "PASS", f"{s.get('scheduler')} in the engine core (pid {s.get('pid')}, mode "
+                     f"{s.get('mode', 'true')}); ordering: {(s.get('costs') or {}).get('ordering', '?')}{gated}")
+        elif mode != "false":
+            self.add("scheduler", "FAIL", f"token_weighted_scheduler={mode} but no engine core reports the class",
                      "an explicit --scheduler-cls wins over the setting; check the engine core log")
         else:
             self.add("scheduler", "PASS", "vLLM's FCFS scheduler (token_weighted_scheduler=false: the cpu profile's "

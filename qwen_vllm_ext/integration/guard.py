@@ -38,7 +38,7 @@ class RuntimePatch(NamedTuple):
     apply: Callable[[Any], bool]  # apply(settings) -> active; idempotent
     roles: set[str]  # process roles where it applies (status.process_role())
     targets: Mapping[str, Mapping[str, str]]  # "vllm.module:Qualified.name" -> {vLLM version: fingerprint}
-    setting: str  # the boolean Settings field that turns it on
+    setting: str  # the Settings field that turns it on (a boolean, or token_weighted_scheduler's false/true/auto)
 
 
 class TargetError(LookupError):

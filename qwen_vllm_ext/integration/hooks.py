@@ -43,14 +43,14 @@ def install(name: str) -> bool:
 
 def scheduler_cls(scheduler_config):
     """Scheduler class for ``SchedulerConfig.get_scheduler_cls()`` when ``--scheduler-cls`` is unset:
-    the token-weighted scheduler with ``token_weighted_scheduler=true``, else None (vLLM's default)."""
+    the token-weighted scheduler with ``token_weighted_scheduler`` true or auto, else None (vLLM's default)."""
     settings = _settings()
     if not settings.enabled:
         return None
     from ..scheduling.vllm_scheduler import bind_policy, pick_scheduler_cls
 
-    bind_policy(settings.scheduler)  # a source-patched engine core: the policy passed in here
-    return pick_scheduler_cls(scheduler_config) if settings.token_weighted_scheduler else None
+    bind_policy(settings.scheduler, settings.token_weighted_scheduler)  # a source-patched engine core: bound here
+    return pick_scheduler_cls(scheduler_config) if settings.token_weighted_scheduler != "false" else None
 
 
 def server_starting() -> None:

@@ -66,10 +66,10 @@ def register_general(runtime: bool = True) -> dict:
     if allowed and role == "engine_core":  # the scheduler's policy, passed in (also for an explicit --scheduler-cls)
         from ..scheduling.vllm_scheduler import bind_policy
 
-        bind_policy(settings.scheduler)
+        bind_policy(settings.scheduler, settings.token_weighted_scheduler)
     if allowed:
         for patch in runtime_patches():
-            if role not in patch.roles or not getattr(settings, patch.setting):
+            if role not in patch.roles or getattr(settings, patch.setting) in (False, "false"):
                 continue
             verdict = check_patch(patch.name, patch.targets, vllm_version)
             if verdict.status == "source":

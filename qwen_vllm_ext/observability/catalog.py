@@ -178,6 +178,14 @@ METRICS: tuple[Metric, ...] = (
            "Measured weight of one output token in prompt tokens (absent: token weight)", ("pid",), _S),
     Metric("qwen_ext_sched_cost_steps_fitted", "gauge", "Engine steps the online step-cost fit has seen",
            ("pid",), _S),
+    Metric("qwen_ext_sched_overloaded", "gauge",
+           "token_weighted_scheduler=auto: 1 while the overload gate lets the policy order the queue, 0 while the "
+           "queue is exactly vLLM's FCFS (absent: not gated)", ("pid",), _S),
+    Metric("qwen_ext_sched_backlog_steps", "gauge",
+           "token_weighted_scheduler=auto: full steps the waiting requests' prefill needs to start (the gate's "
+           "measure)", ("pid",), _S),
+    Metric("qwen_ext_sched_gate_switches", "counter",
+           "token_weighted_scheduler=auto: times the overload gate turned on or off", ("pid",), _S),
     # ---- vLLM's, used by the rules and the dashboard ---------------------------------------------------------
     Metric("vllm:prompt_tokens", "counter", "Prompt tokens prefilled (cached included)", ("model_name", "engine"),
            _V),

@@ -16,7 +16,7 @@ def scheduler_status() -> list[dict]:
 
 COUNTERS = {"admitted": "qwen_ext_sched_admitted", "max_wait_admissions": "qwen_ext_sched_max_wait_admissions",
             "slip_admissions": "qwen_ext_sched_slip_admissions", "cache_hit_tokens": "qwen_ext_sched_cache_hit_tokens",
-            "admitted_weight": "qwen_ext_sched_admitted_weight"}
+            "admitted_weight": "qwen_ext_sched_admitted_weight", "gate_switches": "qwen_ext_sched_gate_switches"}
 GAUGES = {"admitted_weight_std_last": "qwen_ext_sched_admitted_weight_std",
           "admitted_weight_std_mean": "qwen_ext_sched_admitted_weight_std_mean",
           "queue_wait_p50_s": "qwen_ext_sched_queue_wait_p50_seconds",
@@ -25,7 +25,8 @@ GAUGES = {"admitted_weight_std_last": "qwen_ext_sched_admitted_weight_std",
           "half_life_tokens": "qwen_ext_sched_aging_half_life_tokens",
           "half_life_s": "qwen_ext_sched_aging_half_life_seconds",
           "output_token_weight": "qwen_ext_sched_output_token_weight",
-          "cost_steps_fitted": "qwen_ext_sched_cost_steps_fitted"}
+          "cost_steps_fitted": "qwen_ext_sched_cost_steps_fitted",
+          "overloaded": "qwen_ext_sched_overloaded", "backlog_steps": "qwen_ext_sched_backlog_steps"}
 """Published ``stats`` field -> metric (help text and labels in the catalog)."""
 
 

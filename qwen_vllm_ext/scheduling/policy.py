@@ -64,6 +64,19 @@ the queue recomputes every rank when the half-life moves by more than 2%.
 ``group_ratio`` of the head's weight move ahead of the others (keeping their order) within the first
 ``lookup_candidates`` positions, so the requests one step admits have similar token loads.
 
+**The overload gate** (``token_weighted_scheduler=auto``): while the engine is not overloaded the queue makes exactly
+vLLM's own decisions (insertion order, vLLM's (priority, arrival) order under ``--scheduling-policy priority``), and
+the rules above order it only while it is. Overloaded means the waiting requests need more than
+``overload_steps`` full steps to start: their uncached prompts, in prefill-token equivalents priced by the engine's
+measured step costs (:func:`prefill_tokens`: a token after ``c`` others costs ``1 + c x per_ctx / per_token`` tokens,
+the causal-attention term of :mod:`.costs`), over the token budget one step has left after its decodes. Within one
+step every admitted request's prefill ends at the same time whatever their order, so a queue that starts within a
+step or two is one no order can help; a queue that needs more is one that arrivals outpace. :class:`OverloadGate`
+turns the policy on at ``overload_steps`` and off again only once the backlog is down to ``overload_exit_steps``
+(hysteresis: it does not flap on one burst) — and only while prefill is at least ``overload_prefill_share`` of the
+waiting work: on a decode-bound engine the queue is mostly its requests' outputs, no order shortens them, and the
+policy's own CPU time would be the only change.
+
 **FCFS fallback** (optional, ``fcfs_above > 0``): with more scored requests waiting than that, order the
 scored lane by arrival (no prefix-cache lookups), as SGLang does above 128 waiting.
 
@@ -92,6 +105,8 @@ _RANGES = (
     ("rate_window_s", "a finite number > 0", lambda v: v > 0 and math.isfinite(v)),
     ("aging_half_life_tokens", *_FINITE_GE0), ("max_slip", *_FINITE_GE0),
     ("slip_floor_quantile", "in [0, 1]", lambda v: 0 <= v <= 1),
+    ("overload_steps", *_FINITE_GE0), ("overload_exit_steps", *_FINITE_GE0),
+    ("overload_prefill_share", "in [0, 1]", lambda v: 0 <= v <= 1),
 )
 SLIP_HISTORY = 1000
 """Arrivals whose queued-ahead weight the slip floor's quantile is taken over."""
@@ -129,18 +144,34 @@ class PolicyConfig:
     """Weigh requests by the engine's own measured costs (a step-cost model fitted online to the steps it runs:
     prefill-token equivalents, :mod:`.costs`) instead of ``uncached prompt + output_weight x output``; until the fit
     has enough steps, admit in arrival order."""
-    max_slip: float = 0.25
+    max_slip: float = 0.10
     """FCFS slip bound: a waiting request goes to the arrival-order lane once the weight admitted since it arrived
-    exceeds (1 + this) x the weight waiting ahead of it at its arrival (0 = no bound)."""
+    exceeds (1 + this) x the weight waiting ahead of it at its arrival (0 = no bound). 0.10 is the point issue #50
+    chose on the overloaded frontier (mean TTFT win against the longest prompts' p99 wait; docs/results/scheduler.md)."""
     slip_floor_quantile: float = 0.0
     """With the slip bound: a request's deadline is at least this quantile of the weight queued ahead of the recent
     arrivals (0 = no floor)."""
+
+    overload_steps: float = 4.0
+    """``token_weighted_scheduler=auto``: the policy orders the queue once the waiting requests' uncached prompts need
+    more than this many full steps' token budget to start (priced by the measured step costs); below it the queue is
+    exactly vLLM's FCFS."""
+    overload_exit_steps: float = 1.0
+    """``token_weighted_scheduler=auto``: back to exactly FCFS once that backlog is down to this many steps (at most
+    ``sched_overload_steps``: the hysteresis)."""
+    overload_prefill_share: float = 0.5
+    """``token_weighted_scheduler=auto``: the policy orders the queue only while prefill is at least this share of the
+    waiting requests' measured cost (the rest: their outputs' decode steps) — on a decode-bound engine no order helps
+    and the policy's own CPU time is a loss; back to FCFS below half of it (0 = the backlog alone decides)."""
 
     def __post_init__(self) -> None:
         for name, what, ok in _RANGES:
             value = getattr(self, name)
             if not ok(value):
                 raise PolicyError(name, f"{name} must be {what}, got {value!r}")
+        if self.overload_exit_steps > self.overload_steps:
+            raise PolicyError("overload_exit_steps", f"overload_exit_steps must be <= overload_steps "
+                              f"({self.overload_steps!r}), got {self.overload_exit_steps!r}")
 
     @property
     def work_clock(self) -> bool:
@@ -179,6 +210,46 @@ def expected_output_tokens(max_tokens: int | None, extra_args: Mapping[str, Any]
 def weight(uncached_prompt_tokens: int, expected_output: int, config: PolicyConfig) -> float:
     """Token weight: uncached prompt tokens + output_weight x expected output tokens."""
     return max(uncached_prompt_tokens, 0) + config.output_weight * max(expected_output, 0)
+
+
+SCHEDULER_MODES = ("false", "true", "auto")
+"""The values of the ``token_weighted_scheduler`` setting: vLLM's scheduler, the policy always, or the policy behind
+the overload gate."""
+
+
+def prefill_tokens(uncached: int, cached: int, ctx_ratio: float = 0.0) -> float:
+    """A prompt's prefill in prefill-token equivalents: ``uncached`` tokens after ``cached`` ones, each costing
+    ``1 + context x ctx_ratio`` (``ctx_ratio``: the step-cost model's per_ctx / per_token; 0 = tokens)."""
+    uncached, cached = max(uncached, 0), max(cached, 0)
+    return uncached + ctx_ratio * uncached * (cached + uncached / 2)
+
+
+class OverloadGate:
+    """Hysteresis on the backlog in full steps (pure): on above ``overload_steps`` while prefill is at least
+    ``overload_prefill_share`` of the waiting work, off at ``overload_exit_steps`` or below half that share."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.on_steps, self.off_steps = config.overload_steps, config.overload_exit_steps
+        self.min_share = config.overload_prefill_share
+        self.overloaded = False
+        self.switches = 0
+        """Times the gate changed state (on and off both count)."""
+        self.backlog_steps = 0.0
+        """The backlog the last :meth:`update` saw, in full steps."""
+        self.prefill_share: float | None = None
+        """The prefill share of the waiting work the last :meth:`update` saw (None: not given)."""
+
+    def update(self, backlog_steps: float, prefill_share: float | None = None) -> bool:
+        """The gate's state for a step whose waiting queue needs ``backlog_steps`` full steps to start, prefill being
+        ``prefill_share`` of its work (None: not considered)."""
+        self.backlog_steps, self.prefill_share = backlog_steps, prefill_share
+        decode_bound = prefill_share is not None and prefill_share < self.min_share
+        if not self.overloaded and backlog_steps > self.on_steps and not decode_bound:
+            self.overloaded, self.switches = True, self.switches + 1
+        elif self.overloaded and (backlog_steps <= self.off_steps
+                                  or prefill_share is not None and prefill_share < self.min_share / 2):
+            self.overloaded, self.switches = False, self.switches + 1
+        return self.overloaded
 
 
 def load_factor(arriving_per_s: float | None, admitted_per_s: float | None) -> float:

@@ -88,10 +88,10 @@ def build_config(model_dir: str, *, max_num_seqs: int = 32, max_num_batched_toke
 
 
 def build_scheduler(model_dir: str, cls: Any = None, *, policy: PolicyConfig | None = None, clock: Any = None,
-                    log_stats: bool = False, **config: Any) -> Any:
+                    log_stats: bool = False, auto: bool = False, **config: Any) -> Any:
     """A real vLLM V1 scheduler with no model behind it: ``cls`` (default: vLLM's FCFS ``Scheduler``; the
-    token-weighted classes get ``policy`` and ``clock`` through ``qwen_configure``); ``config``: see
-    :func:`build_config`."""
+    token-weighted classes get ``policy``, ``clock`` and ``auto`` — behind the overload gate — through
+    ``qwen_configure``); ``config``: see :func:`build_config`."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -101,20 +101,21 @@ def build_scheduler(model_dir: str, cls: Any = None, *, policy: PolicyConfig | N
                     block_size=vllm_config.cache_config.block_size,
                     structured_output_manager=StructuredOutputManager(vllm_config), log_stats=log_stats)
     if hasattr(scheduler, "qwen_configure"):
-        scheduler.qwen_configure(policy=policy or PolicyConfig(), clock=clock)
+        scheduler.qwen_configure(policy=policy or PolicyConfig(), clock=clock, auto=auto)
     return scheduler
 
 
 def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float], cost: StepCostModel, *,
              token_weighted: bool, policy: PolicyConfig | None = None, warm: dict | None = None,
-             **engine: Any) -> dict:
+             auto: bool = False, **engine: Any) -> dict:
     """Replay one trace (``requests``: dicts with ``i``, ``prompt_len``, ``max_tokens``, ``long``; ``arrivals``:
     seconds from the trace start) through a real scheduler on a virtual clock. Returns the same shape as
     ``bench_scheduler``'s replay: ``requests`` (arrival, ttft, e2e, done, out_tokens, ...), ``t_first_arrival``,
     ``t_end``, plus ``steps`` (``[time, n_admitted, 0.0]``), ``warm`` (the step-cost fit of this run's steps and its
     mean requests per step) and the virtual time spent. ``warm`` (another run's) starts the token-weighted scheduler's
     online cost fit from that run's, as on an engine that has been serving the same traffic (a fresh one weighs by
-    tokens for its first ``COST_MIN_STEPS`` steps)."""
+    tokens for its first ``COST_MIN_STEPS`` steps). ``auto``: the token-weighted scheduler behind its overload gate
+    (``token_weighted_scheduler=auto``)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
@@ -126,7 +127,7 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
     from .vllm_scheduler import TokenWeightedScheduler, step_composition
 
     scheduler = build_scheduler(model_dir, TokenWeightedScheduler if token_weighted else None, policy=policy,
-                                clock=clock, **engine)
+                                clock=clock, auto=auto, **engine)
     if token_weighted and warm is not None:
         scheduler.qwen_warm_costs(warm["fit"], warm["batch"])
     fit, batch_sum, busy_steps = CostFit(), 0, 0
@@ -137,6 +138,7 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
     done: dict[str, float] = {}
     out_tokens: dict[str, int] = {}
     steps: list[list[float]] = []
+    overloaded_steps = 0
     seen: set[str] = set()
     nxt = 0
     while nxt < len(order) or scheduler.has_unfinished_requests():
@@ -153,6 +155,7 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
             clock.t = T0 + arrivals[order[nxt]]
             continue
         output = scheduler.schedule()
+        overloaded_steps += bool(auto and token_weighted and not scheduler.waiting.exact)
         n_reqs, tokens, _, pre_ctx, dec_ctx = step_composition(scheduler.requests, output)
         admitted = [rid for rid in output.num_scheduled_tokens if rid not in seen]
         seen.update(admitted)
@@ -185,4 +188,6 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
                         "out_tokens": out_tokens.get(rid, 0)})
     return {"t0": T0, "t_first_arrival": T0 + min(arrivals), "t_end": max(x["done"] for x in results),
             "requests": results, "steps": steps, "warm": {"fit": fit, "batch": batch_sum / max(busy_steps, 1)},
-            "qwen_stats": scheduler.qwen_stats.snapshot() if token_weighted else None}
+            "qwen_stats": scheduler.qwen_stats.snapshot() if token_weighted else None,
+            "gate": {"overloaded_steps": overloaded_steps, "steps": busy_steps,
+                     "switches": scheduler.waiting.gate.switches} if auto and token_weighted else None}

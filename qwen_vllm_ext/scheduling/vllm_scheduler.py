@@ -40,8 +40,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from .costs import CostFit, StepCostModel, features
-from .policy import (AdmissionStats, Job, PolicyConfig, RateMeter, SlipFloor, aging_clock, expected_output_tokens,
-                     group_window, half_life, is_overdue, lane_key, load_factor, rank_key, slip_deadline, weight)
+from .policy import (AdmissionStats, Job, OverloadGate, PolicyConfig, RateMeter, SlipFloor, aging_clock,
+                     expected_output_tokens, group_window, half_life, is_overdue, lane_key, load_factor,
+                     prefill_tokens, rank_key, slip_deadline, weight)
 
 __all__ = [
     "TokenWeightedRequestQueue",
@@ -64,6 +65,8 @@ class _Entry(Job):
     removed: bool = False
     queued_w: float = 0.0
     """The weight this request adds to the queue's ``queued_weight`` while it is in the scored lane."""
+    prefill: float = 0.0
+    """Its uncached prompt in prefill-token equivalents: what it adds to the queue's ``queued_prefill``."""
 
 
 def _sort_tuple(e: _Entry, use_priority: bool, fcfs: bool) -> tuple:
@@ -84,11 +87,24 @@ class TokenWeightedRequestQueue(RequestQueue):
     ``lookup(request)`` returns the request's prefix-cache hit in tokens (or None: unknown, counts as 0);
     ``refresh(now)`` re-sorts the scored lane and must be called once per scheduling step, before the
     scheduler looks at the queue.
+
+    ``gated`` (``token_weighted_scheduler=auto``): the policy orders the queue only while the overload gate is on
+    (:class:`~.policy.OverloadGate`, fed by ``refresh``); otherwise the queue's order is exactly vLLM's own queue's
+    — insertion order behind the prepended requests (``FCFSRequestQueue``), or vLLM's request order (priority,
+    arrival, id) over both lanes (``PriorityRequestQueue``) — and it makes no prefix-cache lookups per step.
     """
 
     def __init__(self, config: PolicyConfig, lookup: Callable[[Request], int | None] | None = None,
-                 use_priority: bool = False, stats: AdmissionStats | None = None) -> None:
+                 use_priority: bool = False, stats: AdmissionStats | None = None, gated: bool = False) -> None:
         self.config = config
+        self.gate = OverloadGate(config) if gated else None
+        """The overload gate (None: the policy always orders)."""
+        self._exact = gated
+        """The queue makes vLLM's own decisions (gated and not overloaded)."""
+        self.queued_prefill = 0.0
+        """Uncached prompt tokens of the scored lane in prefill-token equivalents (the gate's backlog)."""
+
+
         self._lookup = lookup
         self._use_priority = use_priority
         self.stats = stats if stats is not None else AdmissionStats()
@@ -144,6 +160,47 @@ class TokenWeightedRequestQueue(RequestQueue):
                 return w
         return weight(uncached, expected_output, self.config)
 
+    def _ctx_ratio(self) -> float:
+        costs = self.costs
+        return costs.per_ctx / costs.per_token if costs is not None and costs.per_token > 0 else 0.0
+
+    def _set_prefill(self, e: _Entry) -> None:
+        cached = min(e.cached_tokens, e.prompt_tokens)
+        p = prefill_tokens(e.prompt_tokens - cached, cached, self._ctx_ratio())
+        if e.payload in self._members:
+            self.queued_prefill += p - e.prefill
+        e.prefill = p
+
+    def prefill_share(self) -> float | None:
+        """Prefill's share of the scored lane's weight (None when empty): a decode-bound engine's queue is mostly its
+        requests' outputs, which no order shortens."""
+        if self.queued_weight <= 0:
+            return None
+        return min(self.queued_prefill / self.queued_weight, 1.0)
+
+    def backlog_tokens(self) -> float:
+        """What the waiting requests still have to prefill, in prefill-token equivalents (prepended ones by their
+        uncomputed tokens)."""
+        ratio = self._ctx_ratio()
+        front = sum(prefill_tokens(r.num_tokens - r.num_computed_tokens, r.num_computed_tokens, ratio)
+                    for r in self._front)
+        return max(self.queued_prefill, 0.0) + front
+
+    @property
+    def exact(self) -> bool:
+        """The queue currently makes vLLM's own decisions (gated and not overloaded)."""
+        return self._exact
+
+    def _exact_key(self, e: _Entry) -> tuple:
+        """vLLM's own order: insertion order, or (priority, arrival, id) under the priority policy."""
+        if self._use_priority:
+            request: Request = e.payload
+            return (request.priority, request.arrival_time, request.request_id, e.seq)
+        return (e.seq,)
+
+    def _key(self, e: _Entry) -> tuple:
+        return self._exact_key(e) if self._exact else _sort_tuple(e, self._use_priority, self._fcfs)
+
     def _weight_of(self, e: _Entry) -> float:
         cached = min(e.cached_tokens, e.prompt_tokens)
         return self.weigh(e.prompt_tokens - cached, cached,
@@ -157,6 +214,7 @@ class TokenWeightedRequestQueue(RequestQueue):
             self._epoch = arrival
         e.w = self._weight_of(e)
         e.rank = rank_key(e.w, arrival, self.config, self._epoch, self._rank_load)
+        self._set_prefill(e)
 
     def set_costs(self, costs: StepCostModel | None, batch: float) -> None:
         """Weigh by ``costs`` (at ``batch`` requests per step) from now on: every waiting request is re-weighed and
@@ -165,25 +223,42 @@ class TokenWeightedRequestQueue(RequestQueue):
         if (costs is None) != (self.costs is None):
             self.slip_floor.clear()
         self.costs, self.batch = costs, max(batch, 1.0)
-        total = 0.0
+        total = prefill = 0.0
+        ratio = self._ctx_ratio()
         for e in self._lane[self._head:]:
             if e.removed:
                 continue
             e.w = e.queued_w = self._weight_of(e)
             e.rank = rank_key(e.w, aging_clock(e, self.config), self.config, self._epoch or 0.0, self._rank_load)
+            cached = min(e.cached_tokens, e.prompt_tokens)
+            e.prefill = prefill_tokens(e.prompt_tokens - cached, cached, ratio)
             total += e.w
-        self.queued_weight = total
+            prefill += e.prefill
+        self.queued_weight, self.queued_prefill = total, prefill
 
-    def refresh(self, now: float, max_lookups: int | None = None) -> None:
+    def refresh(self, now: float, max_lookups: int | None = None, step_tokens: float | None = None) -> None:
         """Re-sort the scored lane for the step starting at ``now`` (the only place its order changes).
 
         The cached-prefix estimates of the first ``min(lookup_candidates, max_lookups)`` scored requests are
         looked up again first (the scheduler passes about twice its free running slots: no more can be
-        admitted this step, and with a full batch no lookup is needed at all).
+        admitted this step, and with a full batch no lookup is needed at all). ``step_tokens``: the token budget
+        a step has for prefills (the gate's unit; None: the gate does not move).
         """
         self._now = now
         cfg = self.config
+        if self.gate is not None and step_tokens is not None:
+            was_exact = self._exact
+            self._exact = not self.gate.update(self.backlog_tokens() / max(step_tokens, 1.0), self.prefill_share())
+            if self._exact and was_exact:
+                return  # the lane is in vLLM's order already: added in it (insort), removals skipped when popped
         live = [e for e in self._lane[self._head:] if not e.removed]
+        if self._exact:  # vLLM's own order: no overdue lane, no lookups, no grouping
+            for e in live:
+                e.overdue = e.slipped = False
+                e.sort = self._key(e)
+            live.sort(key=_sort_of)
+            self._lane, self._head = live, 0
+            return
         self.load = load_factor(self.arriving_rate.rate(now), self.admitted_rate.rate(now))
         h = half_life(cfg, self.load)
         if abs(h - self.half_life) > RERANK_TOLERANCE * self.half_life:
@@ -198,7 +273,7 @@ class TokenWeightedRequestQueue(RequestQueue):
             num_scored += not e.overdue
         self._fcfs = 0 < cfg.fcfs_above < num_scored or (self.await_costs and self.costs is None)
         for e in live:
-            e.sort = _sort_tuple(e, self._use_priority, self._fcfs)
+            e.sort = self._key(e)
         live.sort(key=_sort_of)
         # the first request not overdue (with priorities the classes come first: overdue ones of a lower class sort
         # after it)
@@ -212,7 +287,7 @@ class TokenWeightedRequestQueue(RequestQueue):
                 if cached != e.cached_tokens or e.prompt_tokens != e.payload.num_tokens:
                     e.cached_tokens = cached
                     self._rescore(e)
-                    e.sort = _sort_tuple(e, self._use_priority, False)
+                    e.sort = self._key(e)
                     changed = True
             if changed:
                 live.sort(key=_sort_of)  # nearly sorted: linear time
@@ -260,9 +335,11 @@ class TokenWeightedRequestQueue(RequestQueue):
         e.deadline_work = slip_deadline(self.work, self.queued_weight, self.config, floor)
         e.queued_w = e.w
         self.queued_weight += e.w
-        e.overdue = is_overdue(e.arrival_time, self._now, self.config, self.work, e.deadline_work)
-        e.sort = _sort_tuple(e, self._use_priority, self._fcfs)
+        e.overdue = not self._exact and is_overdue(e.arrival_time, self._now, self.config, self.work,
+                                                   e.deadline_work)
         self._members[request] = e
+        self.queued_prefill += e.prefill
+        e.sort = self._key(e)
         if self._head and self._head * 2 > len(self._lane):
             self._lane = [x for x in self._lane[self._head:] if not x.removed]
             self._head = 0
@@ -274,12 +351,25 @@ class TokenWeightedRequestQueue(RequestQueue):
             self._head += 1
         return lane[self._head] if self._head < len(lane) else None
 
+    def _from_front(self, e: _Entry | None) -> bool:
+        """Whether the next request comes from the front lane (``e``: the scored lane's head). Under vLLM's FCFS
+        the front lane always goes first; under its priority policy a prepended request waits for its class, as
+        in vLLM's heap — and while the queue is exact, the whole of vLLM's request order decides."""
+        if not self._front:
+            return False
+        if e is None or not self._use_priority:
+            return True
+        head: Request = self._front[0]
+        if self._exact:
+            return head < e.payload
+        return head.priority <= e.priority
+
     def pop_request(self) -> Request:
-        if self._front:
+        e = self._next_entry()
+        if self._from_front(e):
             request = self._front.popleft()
             self.step_popped[request] = None
             return request
-        e = self._next_entry()
         if e is None:
             raise IndexError("pop from an empty queue")
         self._head += 1
@@ -289,26 +379,36 @@ class TokenWeightedRequestQueue(RequestQueue):
         return e.payload
 
     def peek_request(self) -> Request:
-        if self._front:
-            return self._front[0]
         e = self._next_entry()
+        if self._from_front(e):
+            return self._front[0]
         if e is None:
             raise IndexError("peek from an empty queue")
         return e.payload
 
     def _drop(self, e: _Entry) -> None:
-        """Mark a scored-lane entry gone (its weight leaves ``queued_weight``)."""
+        """Mark a scored-lane entry gone (its weight leaves ``queued_weight``, its prefill ``queued_prefill``)."""
         e.removed = True
         self.queued_weight = max(self.queued_weight - e.queued_w, 0.0) if self._members else 0.0
+        self.queued_prefill = max(self.queued_prefill - e.prefill, 0.0) if self._members else 0.0
 
     def _leave_scored_lane(self, request: Request) -> None:
         e = self._members.pop(request, None)
         if e is not None:  # never the case in vLLM's use; keeps every request in one lane only
             self._drop(e)
 
+    def _front_insert(self, request: Request) -> None:
+        """Under the priority policy the front lane is kept in vLLM's request order (its queue is a heap)."""
+        front = list(self._front)
+        bisect.insort(front, request)
+        self._front = deque(front)
+
     def prepend_request(self, request: Request) -> None:
         self._leave_scored_lane(request)
-        self._front.appendleft(request)
+        if self._use_priority:
+            self._front_insert(request)
+        else:
+            self._front.appendleft(request)
 
     def prepend_requests(self, requests: Iterable[Request]) -> None:
         # Same order contract as FCFSRequestQueue (deque.extendleft): the scheduler passes its skipped
@@ -316,7 +416,11 @@ class TokenWeightedRequestQueue(RequestQueue):
         requests = list(requests)
         for request in requests:
             self._leave_scored_lane(request)
-        self._front.extendleft(requests)
+        if self._use_priority:
+            for request in requests:
+                self._front_insert(request)
+        else:
+            self._front.extendleft(requests)
 
     def remove_request(self, request: Request) -> None:
         e = self._members.pop(request, None)
@@ -364,12 +468,16 @@ def _extra_args(request: Request) -> dict[str, Any] | None:
 
 _BOUND_POLICY: PolicyConfig | None = None
 """The policy :func:`install` bound in this process (the engine core's settings, passed in by the general plugin)."""
+_BOUND_AUTO = False
+"""Whether that policy sits behind the overload gate (``token_weighted_scheduler=auto``)."""
 
 
-def bind_policy(policy: PolicyConfig) -> None:
-    """The policy every token-weighted scheduler built in this process starts with (see :func:`install`)."""
-    global _BOUND_POLICY
-    _BOUND_POLICY = policy
+def bind_policy(policy: PolicyConfig, mode: str = "true") -> None:
+    """The policy every token-weighted scheduler built in this process starts with, and the
+    ``token_weighted_scheduler`` mode (``auto``: behind the overload gate; ``true``/``false``: not gated — an
+    explicit ``--scheduler-cls`` with the setting false runs the policy always, as before the gate existed)."""
+    global _BOUND_POLICY, _BOUND_AUTO
+    _BOUND_POLICY, _BOUND_AUTO = policy, mode == "auto"
 
 
 class TokenWeightedMixin:
@@ -377,8 +485,8 @@ class TokenWeightedMixin:
 
     Replaces ``self.waiting`` after ``Scheduler.__init__`` and, at the start of each ``schedule()``,
     refreshes the cached-prefix estimates of the first K candidates and re-sorts the scored lane. The policy
-    is the one :func:`install` bound (the ``sched_*`` settings; the defaults when none was bound);
-    :meth:`qwen_configure` swaps the policy or the
+    is the one :func:`install` bound (the ``sched_*`` settings; the defaults when none was bound), behind the
+    overload gate with ``token_weighted_scheduler=auto``; :meth:`qwen_configure` swaps the policy, the gate or the
     clock (``time.time``, the clock of ``Request.arrival_time``), e.g. in tests.
     """
 
@@ -390,6 +498,8 @@ class TokenWeightedMixin:
         self.qwen_clock: Callable[[], float] = time.time
         self.qwen_stats = AdmissionStats()
         self.qwen_policy = _BOUND_POLICY or PolicyConfig()
+        self.qwen_auto = _BOUND_AUTO
+        """Behind the overload gate: exactly vLLM's decisions until the engine is overloaded."""
         self.qwen_costs = CostFit(COST_FORGET)
         """The online step-cost fit (fed every step; solved every ``COST_REFIT_STEPS``)."""
         self.qwen_batch = 0.0
@@ -402,7 +512,7 @@ class TokenWeightedMixin:
         old = self.waiting
         new = TokenWeightedRequestQueue(
             self.qwen_policy, lookup=self._qwen_cached_tokens,
-            use_priority=self.policy == SchedulingPolicy.PRIORITY, stats=self.qwen_stats)
+            use_priority=self.policy == SchedulingPolicy.PRIORITY, stats=self.qwen_stats, gated=self.qwen_auto)
         new.await_costs = self.qwen_policy.measured_costs
         # Empty right after __init__; qwen_configure() carries the waiting requests over.
         if isinstance(old, TokenWeightedRequestQueue):
@@ -418,12 +528,15 @@ class TokenWeightedMixin:
         self._qwen_apply_costs()
 
     def qwen_configure(self, policy: PolicyConfig | None = None,
-                       clock: Callable[[], float] | None = None) -> None:
-        """Change the policy and/or the clock (re-queues the waiting requests under the new policy)."""
+                       clock: Callable[[], float] | None = None, auto: bool | None = None) -> None:
+        """Change the policy, the gate (``auto``) and/or the clock (re-queues the waiting requests under the new
+        policy)."""
         if clock is not None:
             self.qwen_clock = clock
-        if policy is not None:
-            self.qwen_policy = policy
+        if auto is not None:
+            self.qwen_auto = auto
+        if policy is not None or auto is not None:
+            self.qwen_policy = policy or self.qwen_policy
             self._qwen_install_queue()
 
     def _qwen_cached_tokens(self, request: Request) -> int | None:
@@ -443,11 +556,16 @@ class TokenWeightedMixin:
         busy = len(self.running) + getattr(self, "num_waiting_for_streaming_input", 0)
         return max(limit - busy, 0)
 
+    def _qwen_step_tokens(self) -> int:
+        """The token budget a step has for prefills: the engine's budget less one token per running request (its
+        decode)."""
+        return max(self.max_num_scheduled_tokens - len(self.running), 1)
+
     def schedule(self, *args: Any, **kwargs: Any):
         now = self.qwen_clock()
         self._qwen_observe_step(now)
         queue = self.waiting
-        queue.refresh(now, max_lookups=2 * self._qwen_free_slots())
+        queue.refresh(now, max_lookups=2 * self._qwen_free_slots(), step_tokens=self._qwen_step_tokens())
         queue.begin_step()
         output = super().schedule(*args, **kwargs)
         self._qwen_record_step(output, now)
@@ -536,15 +654,29 @@ class TokenWeightedMixin:
         queue = self.waiting
         costs = queue.costs
         output_weight = costs.output_weight(0, queue.batch) if costs is not None else None
+        gate = queue.gate
+        if gate is not None and queue.exact:
+            ordering = "arrival: vLLM's own order (not overloaded)"
+        elif queue.await_costs and costs is None:
+            ordering = "arrival (waiting for the cost fit)"
+        else:
+            ordering = "token-weighted"
         return {
             "scheduler": type(self).__name__,
+            "mode": "auto" if gate is not None else "true",
             "policy": dataclasses.asdict(self.qwen_policy),
+            "gate": None if gate is None else {"overloaded": gate.overloaded, "switches": gate.switches,
+                                               "backlog_steps": round(gate.backlog_steps, 3),
+                                               "prefill_share": None if gate.prefill_share is None
+                                               else round(gate.prefill_share, 4)},
             "stats": {**self.qwen_stats.snapshot(), "load_factor": queue.load,
+                      "overloaded": None if gate is None else int(gate.overloaded),
+                      "backlog_steps": None if gate is None else gate.backlog_steps,
+                      "gate_switches": None if gate is None else gate.switches,
                       "admitted_weight": queue.work, **queue.half_life_stat(),
                       "cost_steps_fitted": self.qwen_costs.samples, "output_token_weight": output_weight},
             "costs": {"model": dataclasses.asdict(costs) if costs is not None else None, "batch": queue.batch,
-                      "ordering": "arrival (waiting for the cost fit)" if queue.await_costs and costs is None
-                      else "token-weighted"},
+                      "ordering": ordering},
         }
 
 
@@ -621,8 +753,8 @@ def install(settings) -> bool:
     pick its scheduler; an explicit ``--scheduler-cls`` still wins. Idempotent. (The general plugin binds the
     ``sched_*`` settings in every engine core, :func:`bind_policy`, whether or not this patch is on.)
     """
-    bind_policy(settings.scheduler)
-    if not settings.token_weighted_scheduler:
+    bind_policy(settings.scheduler, settings.token_weighted_scheduler)
+    if settings.token_weighted_scheduler == "false":
         return False
     from vllm.config.scheduler import SchedulerConfig
 

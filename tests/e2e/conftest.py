@@ -31,11 +31,11 @@ class Server(ServeProcess):
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory):
     """`python -m qwen_vllm_ext.serve` on the demo model (no --model, no GPU) on a free loopback port, with the
-    token-weighted scheduler on."""
+    token-weighted scheduler on behind its overload gate (``auto``)."""
     data_dir = tmp_path_factory.mktemp("data")
-    # the token-weighted scheduler is off in the cpu profile (docs/scheduling.md); the shared server turns it on so that
-    # the e2e tests cover it in the engine core
-    server = Server(["--qwen-access-log", str(data_dir / "access.jsonl"), "--qwen-token-weighted-scheduler", "true"],
+    # the cpu profile's default scheduler mode is in docs/scheduling.md; the shared server runs auto so that the e2e
+    # tests cover the token-weighted class and its gate in the engine core
+    server = Server(["--qwen-access-log", str(data_dir / "access.jsonl"), "--qwen-token-weighted-scheduler", "auto"],
                     tmp_path_factory.mktemp("logs") / "server.log", data_dir=data_dir)
     server.wait_healthy()
     yield server

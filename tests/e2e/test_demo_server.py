@@ -51,7 +51,8 @@ def test_extension_health_reports_plugin_in_api_server_and_engine_core(demo_serv
 
 
 def test_token_weighted_scheduler_active_in_the_engine_core(demo_server, openai_client):
-    """Every profile turns the scheduler on (monkeypatch mode); completions stay correct."""
+    """The scheduler in auto mode (monkeypatch mode) runs in the engine core behind its gate; completions stay correct,
+    a structured-output request (the grammar compiles while it waits in the queue) gets schema-valid JSON."""
     for i in range(3):
         resp = openai_client.completions.create(model=SERVED_NAME, prompt=f"count {i}", max_tokens=4,
                                                 extra_body={"ignore_eos": True})
@@ -77,6 +78,20 @@ def test_token_weighted_scheduler_active_in_the_engine_core(demo_server, openai_
     assert "qwen_ext_sched_aging_half_life_seconds{" not in metrics  # aging runs on the work clock by default
     stats = scheduler["stats"]
     assert stats["load_factor"] >= 1.0 and stats["half_life_tokens"] >= 2500 and stats["admitted_weight"] > 0
+    # auto: the gate is there, closed at this load (vLLM's own order), and on /metrics
+    assert scheduler["mode"] == "auto" and scheduler["gate"]["overloaded"] is False
+    assert scheduler["costs"]["ordering"] == "arrival: vLLM's own order (not overloaded)"
+    assert "qwen_ext_sched_overloaded{" in metrics and "qwen_ext_sched_backlog_steps{" in metrics
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+    resp = openai_client.chat.completions.create(
+        model=SERVED_NAME, messages=[{"role": "user", "content": "a number"}], max_tokens=24,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    text = resp.choices[0].message.content
+    if resp.choices[0].finish_reason == "stop":  # a random-weight model may run out of tokens mid-object
+        assert isinstance(json.loads(text)["n"], int)
+    else:
+        assert text and text.lstrip().startswith("{")
 
 
 def test_connection_guard_serves_the_api_server(demo_server):

@@ -19,12 +19,17 @@ def test_sim_scheduler_runs_a_stored_cost_model(tmp_path, cost_model):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sim_scheduler.py"), "--cost-model", cost_model, "--requests",
          "60", "--loads", "1.2", "--seeds", "0", "--config", "shipped:", "--config",
-         "previous:measured_costs=false,max_slip=0", "--out", str(out)],
+         "previous:measured_costs=false,max_slip=0", "--config", "auto:mode=auto", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert set(result["ratios"]) == {"shipped", "previous"}
-    assert result["configs"]["previous"]["measured_costs"] is False and result["configs"]["shipped"]["max_slip"] == 0.25
+    assert set(result["ratios"]) == {"shipped", "previous", "auto"}
+    assert result["configs"]["previous"]["measured_costs"] is False and result["configs"]["shipped"]["max_slip"] == 0.10
+    assert result["configs"]["auto"]["mode"] == "auto" and result["configs"]["shipped"]["mode"] == "true"
+    gate = result["ratios"]["auto"]["1-0-1.2"]["gate"]  # behind the gate: the share of steps it let the policy order
+    assert 0 <= gate["overloaded_steps"] <= gate["steps"] and "gate" not in result["ratios"]["shipped"]["1-0-1.2"]
+    cell = result["intervals"]["auto"]["1-1.2"]
+    assert isinstance(cell["targets_met"], bool) and cell["longtail"]["ttft_mean_s"]["n"] == 1
     row = result["ratios"]["shipped"]["1-0-1.2"]["all"]
     assert all(math.isfinite(v) and v > 0 for v in row.values())
     assert result["medians"]["shipped"]["1-1.2"]["seeds"] == 1
@@ -40,3 +45,9 @@ def test_sim_scheduler_refuses_unknown_cost_models_and_settings(tmp_path):
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_scheduler.py"), *args,
                                "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert proc.returncode != 0 and message in proc.stderr + proc.stdout
+
+
+def test_a_config_with_an_unknown_mode_is_refused():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_scheduler.py"), "--cost-model", "cpu-demo",
+                           "--config", "x:mode=sometimes"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode != 0 and "mode must be true or auto" in proc.stderr

@@ -627,3 +627,116 @@ def test_random_stream_finishes_every_request_exactly_once(model_dir, seed):
 def test_random_stream_async_scheduler_pipelined(model_dir):
     result = run_random_stream(model_dir, TokenWeightedAsyncScheduler, 3, pipelined=True)
     assert result["created"] > 100 and result["preemptions"] > 0
+
+
+# ---- token_weighted_scheduler=auto: vLLM's own decisions until the engine is overloaded --------------------------
+class _Grammar:
+    """A structured-output request whose grammar is still compiling (``grammar`` None: the scheduler skips it), then
+    fails (an exception: vLLM finishes it with an error) — the scheduler's side of structured output, which the
+    StructuredOutputManager drives in a server."""
+
+    def __init__(self) -> None:
+        self.grammar = None
+
+
+def replay(model_dir, cls, stream, *, auto=False, policy="fcfs", **engine):
+    """Drive a fresh scheduler with a recorded stream, then until it has no requests: per step, the requests that
+    arrive, the ids aborted, the grammars that finish compiling; every scheduled request that completes its prompt samples one token. Returns
+    per step (scheduled ids in order with their token counts, preempted ids, finished and aborted ids) and the
+    scheduler."""
+    clock = Clock()
+    scheduler = build_scheduler(model_dir, cls, policy=PolicyConfig() if cls is not None else None, clock=clock,
+                                auto=auto, block_size=BLOCK, scheduling_policy=policy, **engine)
+    grammars: dict[str, _Grammar] = {}
+    trace = []
+    drain = itertools.repeat(([], [], []), 5000)  # then steps with no events until every request has ended
+    for n, (arrivals, aborts, compiled) in enumerate(itertools.chain(stream, drain)):
+        if n >= len(stream) and not scheduler.has_requests():
+            break
+        clock.t = T0 + 0.05 * n
+        for a in arrivals:
+            request = make_request(a["id"], a["len"], max_tokens=a["max_tokens"], arrival=clock.t + a["lag"],
+                                   prompt=a["prompt"], priority=a["priority"])
+            if a["grammar"]:
+                request.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+                request.structured_output_request = grammars.setdefault(a["id"], _Grammar())
+            scheduler.add_request(request)
+        for rid in compiled:
+            grammars[rid].grammar = ValueError("grammar failed to compile")
+        aborted = scheduler.finish_requests([r for r in aborts if r in scheduler.requests],
+                                            RequestStatus.FINISHED_ABORTED)
+        output = scheduler.schedule()
+        samplers = set(sampling_ids(scheduler, output))
+        finished = finished_ids(scheduler.update_from_output(output, runner_output(output, samplers)))
+        trace.append((list(output.num_scheduled_tokens.items()), sorted(output.preempted_req_ids or ()),
+                      sorted(finished + [r.request_id for r in aborted])))
+    return trace, scheduler
+
+
+def recorded_stream(seed: int, steps: int, *, rate: tuple, lengths: tuple, priorities: bool = False) -> list:
+    """A reproducible request stream: arrivals per step (drawn from ``rate``), prompt lengths, output lengths,
+    shared prefixes, arrival-time jitter (arrival order is not insertion order), priorities, aborts and grammars."""
+    rnd = random.Random(seed)
+    shared = [55_000 + i for i in range(64)]
+    stream, alive, n = [], [], 0
+    for step_no in range(steps):
+        arrivals = []
+        for _ in range(rnd.choice(rate) if step_no < steps - 60 else 0):
+            rid, length = f"s{seed}-{n}", rnd.choice(lengths)
+            n += 1
+            prompt = shared + [90_000 + n * 512 + i for i in range(length)] if rnd.random() < 0.3 else None
+            arrivals.append({"id": rid, "len": length if prompt is None else len(prompt), "prompt": prompt,
+                             "max_tokens": rnd.randint(1, 24), "lag": -rnd.random() * 0.2,
+                             "priority": rnd.choice((0, 0, 1, -1)) if priorities else 0,
+                             "grammar": rnd.random() < 0.04})
+            alive.append(rid)
+        aborts = [alive.pop(rnd.randrange(len(alive)))] if alive and rnd.random() < 0.05 else []
+        compiled = [a["id"] for s in stream[-8:-7] for a in s[0] if a["grammar"]]  # compiled 8 steps later
+        stream.append((arrivals, aborts, compiled))
+    return stream
+
+
+IDENTITY_ENGINE = {"num_blocks": 48, "max_num_seqs": 8, "max_num_batched_tokens": 1024, "max_model_len": 2048}
+"""A small KV cache (48 blocks of 16 tokens for up to 8 requests) so a stream below the gate still preempts."""
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("seed", [11, 12])
+def test_auto_makes_vllms_decisions_step_by_step_below_the_overload_bound(model_dir, seed, policy):
+    """Issue #50's proof without timing: vLLM's own Scheduler and the token-weighted one with the gate (auto) get the
+    same recorded stream — arrivals out of arrival-time order, priorities, prefix hits, preemptions, aborts, a
+    grammar that compiles late and fails — and schedule the same requests with the same token counts, in the same
+    order, preempt and finish the same ones, at every step of a stream that never crosses the bound."""
+    stream = recorded_stream(seed, 700, rate=(0, 0, 0, 0, 1, 1, 2), lengths=(8, 20, 40, 90, 200),
+                             priorities=policy == "priority")
+    assert any(a["grammar"] for s in stream for a in s[0]) and any(s[1] for s in stream)  # grammars and aborts
+    ref, _ = replay(model_dir, None, stream, policy=policy, **IDENTITY_ENGINE)
+    got, auto = replay(model_dir, TokenWeightedScheduler, stream, auto=True, policy=policy, **IDENTITY_ENGINE)
+    gate = auto.waiting.gate
+    assert gate is not None and gate.switches == 0 and not gate.overloaded   # the stream stayed below the bound
+    assert auto.qwen_stats.steps == len(ref) and auto.qwen_costs.samples > 200  # the cost fit ran and weighed
+    for n, (a, b) in enumerate(zip(ref, got)):
+        assert a == b, f"step {n}: vLLM {a} / auto {b}"
+    preempted = sum(len(s[1]) for s in ref)
+    finished = {rid for s in ref for rid in s[2]}
+    created = {a["id"] for s in stream for a in s[0]}
+    assert preempted > 0 and finished == created  # preemptions happened; every request ended (aborted ones too)
+
+
+def test_auto_orders_by_the_policy_once_overloaded_and_falls_back_to_vllms_order(model_dir):
+    """The same comparison over a stream that overloads the engine: the gate opens (the policy reorders: the decisions
+    differ from vLLM's), closes again once the backlog drains, and every request still finishes exactly once."""
+    stream = recorded_stream(5, 500, rate=(0, 1, 2, 3, 4), lengths=(8, 20, 40, 200, 380))
+    ref, _ = replay(model_dir, None, stream, **IDENTITY_ENGINE)
+    got, auto = replay(model_dir, TokenWeightedScheduler, stream, auto=True, **IDENTITY_ENGINE)
+    gate = auto.waiting.gate
+    assert gate.switches >= 2 and not gate.overloaded and auto.waiting.exact   # on, then off once drained
+    assert any(a != b for a, b in zip(ref, got))
+    assert sorted(r for s in got for r in s[2]) == sorted(r for s in ref for r in s[2])  # each finished once
+    # "true" (always on) is not gated: no gate object, and the status says so
+    _, plain = replay(model_dir, TokenWeightedScheduler, stream[:50], **IDENTITY_ENGINE)
+    assert plain.waiting.gate is None and plain.qwen_status()["mode"] == "true" and plain.qwen_status()["gate"] is None
+    status = auto.qwen_status()
+    assert status["mode"] == "auto" and status["gate"]["switches"] == gate.switches
+    assert status["costs"]["ordering"] == "arrival: vLLM's own order (not overloaded)"
+    assert status["stats"]["overloaded"] == 0 and status["stats"]["gate_switches"] == gate.switches

@@ -301,7 +301,7 @@ def test_bad_scheduler_settings_fail_at_resolution_with_the_setting_named():
 def test_slip_deadline_and_its_floor():
     off = PolicyConfig(max_slip=0)
     assert policy.slip_deadline(100.0, 5000.0, off) == float("inf")          # 0: no bound
-    assert PolicyConfig().max_slip == 0.25                                    # the shipped bound
+    assert PolicyConfig().max_slip == 0.10                                    # the shipped bound (issue #50)
     cfg = PolicyConfig(max_slip=0.25)
     assert policy.slip_deadline(100.0, 4000.0, cfg) == 100.0 + 5000.0        # 1.25 x the weight queued ahead
     assert policy.slip_deadline(100.0, 0.0, cfg) == 100.0                     # empty queue: due at once (FCFS)
@@ -327,3 +327,57 @@ def test_reference_order_puts_requests_past_their_slip_deadline_first():
     short = Job(arrival_time=1.0, prompt_tokens=50, max_tokens=1, seq=2, deadline_work=5000.0)
     assert order([long, short], 2.0, cfg, work=999.0) == [short, long]
     assert order([long, short], 2.0, cfg, work=1000.0) == [long, short]
+
+
+# ---- the overload gate (token_weighted_scheduler=auto) ---------------------------------------------------------
+def test_overload_gate_turns_on_above_its_bound_and_off_only_at_the_exit_bound():
+    gate = policy.OverloadGate(PolicyConfig(overload_steps=4.0, overload_exit_steps=1.0))
+    seen = [gate.update(b) for b in (0.0, 3.9, 4.0, 4.01, 3.0, 1.5, 1.01, 1.0, 2.0, 4.0, 9.0)]
+    # on strictly above 4 full steps; stays on down to the exit bound (no flapping between 1 and 4); off at 1
+    assert seen == [False, False, False, True, True, True, True, False, False, False, True]
+    assert gate.switches == 3 and gate.backlog_steps == 9.0
+    flat = policy.OverloadGate(PolicyConfig(overload_steps=2.0, overload_exit_steps=2.0))  # no hysteresis: allowed
+    assert [flat.update(b) for b in (2.5, 2.0, 2.5)] == [True, False, True]
+
+
+def test_overload_gate_stays_shut_for_a_decode_bound_queue():
+    """A deep queue whose work is mostly its requests' outputs (a decode-bound engine: prefill under
+    sched_overload_prefill_share of it) is one no order helps: the gate stays shut, and an open gate shuts once the
+    share falls below half the bound."""
+    gate = policy.OverloadGate(PolicyConfig(overload_steps=4.0, overload_exit_steps=1.0, overload_prefill_share=0.5))
+    assert PolicyConfig().overload_prefill_share == 0.5
+    assert [gate.update(9.0, s) for s in (0.1, 0.49, 0.5, 0.3, 0.26, 0.24)] == [False, False, True, True, True, False]
+    assert gate.switches == 2 and gate.prefill_share == 0.24
+    assert gate.update(9.0, None) is True          # share unknown (empty lane): the backlog decides
+    off = policy.OverloadGate(PolicyConfig(overload_prefill_share=0.0))
+    assert off.update(9.0, 0.0) is True            # 0: the backlog alone decides
+
+
+def test_prefill_tokens_price_the_context_of_a_prompt():
+    assert policy.prefill_tokens(1000, 0) == 1000.0                       # no context term: tokens
+    assert policy.prefill_tokens(1000, 500, 0.001) == pytest.approx(1000 + 0.001 * 1000 * (500 + 500))
+    assert policy.prefill_tokens(-5, 100, 1.0) == 0.0                      # nothing uncached: nothing to prefill
+    # chunked or not, the same prompt costs the same: 2 x 500 after 0 and after 500 == 1000 after 0
+    assert policy.prefill_tokens(500, 0, 0.01) + policy.prefill_tokens(500, 500, 0.01) == pytest.approx(
+        policy.prefill_tokens(1000, 0, 0.01))
+
+
+def test_scheduler_mode_setting_is_false_true_or_auto_and_anything_else_is_refused_by_name():
+    from qwen_vllm_ext.config import Settings, SettingsError
+
+    assert Settings().token_weighted_scheduler == "false"
+    for value, mode in ((True, "true"), (False, "false"), ("auto", "auto"), (" AUTO ", "auto"), ("on", "true"),
+                        ("0", "false"), ("yes", "true")):
+        assert Settings.resolve(env={}, cli={"token_weighted_scheduler": value}).token_weighted_scheduler == mode
+    env = Settings.resolve(env={"QWEN_VLLM_EXT_TOKEN_WEIGHTED_SCHEDULER": "auto"})
+    assert env.token_weighted_scheduler == "auto" and Settings.from_flat(json.loads(env.to_json())) == env
+    for bad in ("sometimes", "2", "", "automatic"):
+        with pytest.raises(SettingsError, match="setting 'token_weighted_scheduler' expects false/true/auto"):
+            Settings.resolve(env={}, cli={"token_weighted_scheduler": bad})
+    for name, value, what in (("sched_overload_steps", -1, "must be a finite number >= 0"),
+                              ("sched_overload_prefill_share", 1.5, "must be in \\[0, 1\\]"),
+                              ("sched_overload_steps", "inf", "must be a finite number >= 0"),
+                              ("sched_overload_exit_steps", 5, "must be <= overload_steps")):
+        with pytest.raises(SettingsError, match=f"setting '{name}': .*{what}"):
+            Settings.resolve(env={}, cli={name: value})
+
