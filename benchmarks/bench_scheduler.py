@@ -715,7 +715,7 @@ def main() -> int:
     raw_path = args.raw or os.path.join(RESULTS, os.path.basename(out_path)[:-5] + ".raw.json")
     os.makedirs(RESULTS, exist_ok=True)
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    tag = "-".join(sides)
+    tag = f"{args.model}-" + "-".join(sides)
     print(f"bench_scheduler: {args.model}, sides {sides} ({args.pairing}), {n} requests/trace, traces {traces}, "
           f"loads {loads}, seeds {seeds}, repeats {repeats}, token-weighted settings {sched_env or 'defaults'}",
           flush=True)

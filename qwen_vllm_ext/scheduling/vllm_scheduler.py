@@ -103,8 +103,6 @@ class TokenWeightedRequestQueue(RequestQueue):
         """The queue makes vLLM's own decisions (gated and not overloaded)."""
         self.queued_prefill = 0.0
         """Uncached prompt tokens of the scored lane in prefill-token equivalents (the gate's backlog)."""
-
-
         self._lookup = lookup
         self._use_priority = use_priority
         self.stats = stats if stats is not None else AdmissionStats()
