@@ -151,7 +151,6 @@ class PolicyConfig:
     slip_floor_quantile: float = 0.0
     """With the slip bound: a request's deadline is at least this quantile of the weight queued ahead of the recent
     arrivals (0 = no floor)."""
-
     overload_steps: float = 4.0
     """``token_weighted_scheduler=auto``: the policy orders the queue once the waiting requests' uncached prompts need
     more than this many full steps' token budget to start (priced by the measured step costs); below it the queue is

@@ -162,9 +162,13 @@ class TokenWeightedRequestQueue(RequestQueue):
         costs = self.costs
         return costs.per_ctx / costs.per_token if costs is not None and costs.per_token > 0 else 0.0
 
-    def _set_prefill(self, e: _Entry) -> None:
+    @staticmethod
+    def _prefill_of(e: _Entry, ctx_ratio: float) -> float:
         cached = min(e.cached_tokens, e.prompt_tokens)
-        p = prefill_tokens(e.prompt_tokens - cached, cached, self._ctx_ratio())
+        return prefill_tokens(e.prompt_tokens - cached, cached, ctx_ratio)
+
+    def _set_prefill(self, e: _Entry) -> None:
+        p = self._prefill_of(e, self._ctx_ratio())
         if e.payload in self._members:
             self.queued_prefill += p - e.prefill
         e.prefill = p
@@ -228,8 +232,7 @@ class TokenWeightedRequestQueue(RequestQueue):
                 continue
             e.w = e.queued_w = self._weight_of(e)
             e.rank = rank_key(e.w, aging_clock(e, self.config), self.config, self._epoch or 0.0, self._rank_load)
-            cached = min(e.cached_tokens, e.prompt_tokens)
-            e.prefill = prefill_tokens(e.prompt_tokens - cached, cached, ratio)
+            e.prefill = self._prefill_of(e, ratio)
             total += e.w
             prefill += e.prefill
         self.queued_weight, self.queued_prefill = total, prefill
@@ -397,9 +400,7 @@ class TokenWeightedRequestQueue(RequestQueue):
 
     def _front_insert(self, request: Request) -> None:
         """Under the priority policy the front lane is kept in vLLM's request order (its queue is a heap)."""
-        front = list(self._front)
-        bisect.insort(front, request)
-        self._front = deque(front)
+        self._front.insert(bisect.bisect(self._front, request), request)
 
     def prepend_request(self, request: Request) -> None:
         self._leave_scored_lane(request)
