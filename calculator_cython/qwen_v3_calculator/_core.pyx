@@ -258,6 +258,11 @@ DEF CACHE_IDS = 8      # a CacheEnt is 64 bytes: 24 key + 32 ids + seq, klen, ni
 DEF MIN_PARALLEL = 65536  # code points: smaller batches run in the calling thread (handing work to a thread
                           # and collecting it costs tens of microseconds; below this threads did not pay)
 DEF SPIN_NS = 50000    # a threaded batch's caller spins this long for its helpers' last runs, then blocks
+DEF JBLOOM_BITS = 20   # junction filter (128 KiB): pairs of characters some token joins (see _build_junctions)
+DEF J_OPEN = 0x1FFFFF  # a junction key's side that stands for "any character" (a token holds only part of it)
+DEF LC_BITS = 13       # long-piece cache: 2**13 direct-mapped entries (192 KiB) ...
+DEF LC_ARENA = 1 << 21 # ... over a 2 MiB ring of the pieces' bytes and ids; both mapped on first use
+DEF LC_MAX = 4096      # longest piece the long-piece cache keeps (bytes)
 DEF PIPE = 16          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
 DEF SBASE = 0xAC00
 DEF LBASE = 0x1100
@@ -490,6 +495,12 @@ ctypedef struct CharEnt:  # a multi-byte character whose own token may start the
     uint32_t lmask
     uint32_t rmask
 
+ctypedef struct LongEnt:  # a cached piece of more than CACHE_KEY bytes: its record is at pos in the ring
+    uint64_t h            # _hbytes of the piece
+    uint64_t pos          # ring position (monotonic; the record is intact while lc_pos - pos <= LC_ARENA)
+    uint32_t n            # bytes
+    uint32_t nids         # ids, stored after the bytes (4-byte aligned)
+
 ctypedef struct RiskHdr:
     int32_t off           # into risk_ent: nl left entries, then nr right entries
     uint8_t nl
@@ -717,6 +728,17 @@ cdef class Engine:
     cdef uint64_t pq_w[3 * PIPE]     # its bytes as _load3 words (2 <= length <= CACHE_KEY)
     cdef int npq
     cdef const uint8_t* seg_end   # end of the segment _scan reads (bounds the 8-byte reads of qv3_load_short)
+    cdef uint64_t* jbloom         # junction filter (owned like the vocabulary; _build_junctions)
+    cdef uint8_t* jbyte           # (last byte, next byte) pairs a token made only of two partial characters joins
+    cdef LongEnt* lc              # long-piece cache (this engine's; mapped on the first long piece)
+    cdef uint8_t* lc_ring
+    cdef void* lc_raw
+    cdef size_t lc_len
+    cdef void* lc_ring_raw
+    cdef size_t lc_ring_len
+    cdef uint64_t lc_pos
+    cdef readonly int64_t long_hits   # pieces over CACHE_KEY bytes the long-piece cache answered
+    cdef readonly int64_t splits      # junctions no token spans at which a long piece was cut
     cdef int32_t* hsym            # scratch of the heap merge loop (4 * hcap int32 + 3 * hcap uint64)
     cdef uint64_t* hheap
     cdef Py_ssize_t hcap
@@ -761,6 +783,17 @@ cdef class Engine:
         self.hsym = NULL
         self.hheap = NULL
         self.hcap = 0
+        self.jbloom = NULL
+        self.jbyte = NULL
+        self.lc = NULL
+        self.lc_ring = NULL
+        self.lc_raw = NULL
+        self.lc_ring_raw = NULL
+        self.lc_len = 0
+        self.lc_ring_len = 0
+        self.lc_pos = 0
+        self.long_hits = 0
+        self.splits = 0
         self.npq = 0
         self.u8 = NULL
         self.u8cap = 0
@@ -775,7 +808,8 @@ cdef class Engine:
         if self.owns:
             free(self.arena); free(self.tok_off); free(self.tok_len); free(self.selfok); free(self.vtab)
             free(self.ptab); free(self.mnew); free(self.pbloom); free(self.cbmp); free(self.csupp_cp); free(self.csupp)
-            free(self.risk_hdr); free(self.risk_ent)
+            free(self.risk_hdr); free(self.risk_ent); free(self.jbloom); free(self.jbyte)
+        qv3_lazy_free(self.lc_raw, self.lc_len); qv3_lazy_free(self.lc_ring_raw, self.lc_ring_len)
         qv3_lazy_free(self.cache_raw, self.cache_len); free(self.pcache); free(self.add_arena); free(self.add_off); free(self.add_len)
         free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf); free(self.u8)
         free(self.hsym); free(self.hheap)
@@ -943,6 +977,66 @@ cdef class Engine:
         finally:
             free(tmp)
         return 0
+
+    cdef int _build_junctions(self) except -1:
+        """Where a long piece may be cut. BPE only ever joins symbols into tokens, so at a point of a piece that
+        no token of the vocabulary spans, the merges on its two sides are independent: BPE(piece) = BPE(left) +
+        BPE(right), exactly (every step merges the lowest-ranked pair of one side or the other, in the order the
+        side alone would). In valid UTF-8 such a point between characters x and y is recognised from what the
+        tokens hold across a character start: both characters whole (key (x, y)), x whole and y cut off by the
+        token's end ((x, J_OPEN)), y whole after a token start inside x ((J_OPEN, y)), or parts of both (the two
+        bytes at the junction, jbyte). All of them go into a one-hash filter: a false positive only means a
+        piece is not cut where it could have been, never a different result."""
+        cdef int32_t t
+        cdef Py_ssize_t n, k, j, L
+        cdef const uint8_t* s
+        cdef uint32_t x = 0, y = 0
+        cdef bint xfull, yfull
+        cdef int ln
+        self.jbloom = <uint64_t*> calloc(1 << (JBLOOM_BITS - 6), sizeof(uint64_t))
+        self.jbyte = <uint8_t*> calloc(8192, 1)
+        if self.jbloom == NULL or self.jbyte == NULL:
+            raise MemoryError()
+        for t in range(self.ntok):
+            n = self.tok_len[t]
+            if n < 2:
+                continue
+            s = self.arena + self.tok_off[t]
+            j = -1                              # the last byte that starts a character, or -1
+            for k in range(n):
+                if (s[k] & 0xC0) == 0x80:
+                    continue
+                if k > 0 and s[k] < 0xF8:       # a character of valid text may start here
+                    L = _u8len(s[k])
+                    yfull = k + L <= n and _allcont(s + k + 1, L - 1)
+                    xfull = j >= 0 and _u8len(s[j]) == k - j
+                    if xfull:
+                        x = _dec(s, j, &ln)
+                    if yfull:
+                        y = _dec(s, k, &ln)
+                    if xfull and yfull:
+                        self._jset(x, y)
+                    elif xfull:
+                        self._jset(x, J_OPEN)
+                    elif yfull:
+                        self._jset(J_OPEN, y)
+                    else:
+                        self.jbyte[(<Py_ssize_t> s[k - 1] << 5) | (s[k] >> 3)] |= <uint8_t> (1 << (s[k] & 7))
+                j = k
+        return 0
+
+    cdef inline void _jset(self, uint32_t x, uint32_t y) noexcept nogil:
+        cdef uint64_t b = _hpair((<uint64_t> x << 21) | y) >> (64 - JBLOOM_BITS)
+        self.jbloom[b >> 6] |= 1ULL << (b & 63)
+
+    cdef inline bint _jhas(self, uint32_t x, uint32_t y) noexcept nogil:
+        cdef uint64_t b = _hpair((<uint64_t> x << 21) | y) >> (64 - JBLOOM_BITS)
+        return (self.jbloom[b >> 6] >> (b & 63)) & 1
+
+    cdef inline bint _cut(self, const uint8_t* p, uint32_t x, uint32_t y) noexcept nogil:
+        """May a piece be cut between x and y (y's first byte at p): no token spans that point."""
+        return not (self._jhas(x, y) or self._jhas(x, J_OPEN) or self._jhas(J_OPEN, y)
+                    or (self.jbyte[(<Py_ssize_t> p[-1] << 5) | (p[0] >> 3)] >> (p[0] & 7)) & 1)
 
     # ------------------------------------------------------------ per-character table (premerge, risk)
     cdef int _build_chars(self) except -1:
@@ -1281,6 +1375,7 @@ cdef class Engine:
         e._derive_merges()
         e._build_chars()
         e._finish()
+        e._build_junctions()
         return e
 
     cdef int _derive_merges(self) except -1:
@@ -1376,6 +1471,7 @@ cdef class Engine:
             e._pinsert(merges[3 * m], merges[3 * m + 1], <int32_t> m, merges[3 * m + 2])
         e._build_chars()
         e._finish()
+        e._build_junctions()
         return e
 
     def set_added_tokens(self, list added):
@@ -1437,6 +1533,8 @@ cdef class Engine:
         e.ncsupp = self.ncsupp
         e.risk_hdr = self.risk_hdr
         e.risk_ent = self.risk_ent
+        e.jbloom = self.jbloom
+        e.jbyte = self.jbyte
         e.premerge = self.premerge
         e._alloc_cache(not share_cache)
         if share_cache:
@@ -1820,10 +1918,8 @@ cdef class Engine:
             if t >= 0 and self.selfok[t]:
                 self._cache_put(st, v, w, n, &t, 1)
                 return self._emit1(t)
-        elif n <= self.maxtok:
-            t = self._vlookup(p, n)
-            if t >= 0 and self.selfok[t]:
-                return self._emit1(t)
+        else:
+            return self._long(p, n)
         if n > SHORT_BPE:
             self._ensure_scratch(n)
         self._ensure_out(n)     # counting: scratch space at the end of the (unused) output buffer
@@ -1837,6 +1933,97 @@ cdef class Engine:
             self.counted += m
         else:
             self.nout += m
+        return 0
+
+    cdef int _long(self, const uint8_t* p, Py_ssize_t n) except -1 nogil:
+        """A piece of more than CACHE_KEY bytes: cut where no token spans (_build_junctions), each part
+        through the piece cache or, when still long, the long-piece cache and BPE."""
+        cdef Py_ssize_t i, a = 0
+        cdef int ln
+        cdef uint32_t x, y
+        cdef uint64_t w[3]
+        if self.jbloom != NULL:
+            x = _dec(p, 0, &ln)
+            i = ln
+            while i < n:
+                y = _dec(p, i, &ln)
+                if self._cut(p + i, x, y):
+                    self.splits += 1
+                    self._part(p + a, i - a, w)
+                    a = i
+                x = y
+                i += ln
+            if a > 0:
+                return self._part(p + a, n - a, w)
+        return self._long_part(p, n)
+
+    cdef inline int _part(self, const uint8_t* p, Py_ssize_t n, uint64_t* w) except -1 nogil:
+        if n == 1:
+            return self._emit1(self.byte_id[p[0]])
+        if n <= CACHE_KEY:
+            _load3(p, n, w)
+            return self._piece(p, n, _hwords(w, n), w)
+        return self._long_part(p, n)
+
+    cdef int _long_part(self, const uint8_t* p, Py_ssize_t n) except -1 nogil:
+        """A long piece no junction cuts: the long-piece cache (keyed by all its bytes), else BPE."""
+        cdef int32_t t
+        cdef Py_ssize_t m, size
+        cdef uint64_t h = 0
+        cdef LongEnt* le = NULL
+        cdef uint8_t* rec
+        if n <= LC_MAX:
+            if self.lc == NULL:
+                self._lc_alloc()
+            h = _hbytes(p, n)
+            le = &self.lc[h & ((1 << LC_BITS) - 1)]
+            if le.h == h and le.n == n and self.lc_pos - le.pos <= LC_ARENA:
+                rec = self.lc_ring + (le.pos & (LC_ARENA - 1))
+                if memcmp(rec, p, n) == 0:
+                    self.long_hits += 1
+                    if self.counting:
+                        self.counted += le.nids
+                    else:
+                        self._ensure_out(le.nids)
+                        memcpy(self.out + self.nout, rec + ((n + 3) & ~3), le.nids * sizeof(int32_t))
+                        self.nout += le.nids
+                    return 0
+        if n <= self.maxtok:
+            t = self._vlookup_h(p, n, h) if le != NULL else self._vlookup(p, n)
+            if t >= 0 and self.selfok[t]:
+                return self._emit1(t)
+        if n > SHORT_BPE:
+            self._ensure_scratch(n)
+        self._ensure_out(n)     # counting: scratch space at the end of the (unused) output buffer
+        m = self._bpe_text(p, n, self.out + self.nout)
+        if m < 0:
+            with gil:
+                raise MemoryError()
+        if le != NULL:
+            size = ((n + 3) & ~3) + m * <Py_ssize_t> sizeof(int32_t)
+            if (self.lc_pos & (LC_ARENA - 1)) + size > LC_ARENA:
+                self.lc_pos = (self.lc_pos | (LC_ARENA - 1)) + 1    # wrap: the record never straddles the end
+            rec = self.lc_ring + (self.lc_pos & (LC_ARENA - 1))
+            memcpy(rec, p, n)
+            memcpy(rec + ((n + 3) & ~3), self.out + self.nout, m * sizeof(int32_t))
+            le.h = h
+            le.n = <uint32_t> n
+            le.nids = <uint32_t> m
+            le.pos = self.lc_pos
+            self.lc_pos += size
+        if self.counting:
+            self.counted += m
+        else:
+            self.nout += m
+        return 0
+
+    cdef int _lc_alloc(self) except -1 nogil:
+        self.lc = <LongEnt*> qv3_lazy_alloc((1 << LC_BITS) * sizeof(LongEnt), &self.lc_raw, &self.lc_len)
+        self.lc_ring = <uint8_t*> qv3_lazy_alloc(LC_ARENA, &self.lc_ring_raw, &self.lc_ring_len)
+        if self.lc == NULL or self.lc_ring == NULL:
+            with gil:
+                raise MemoryError()
+        self.lc_pos = 2 * LC_ARENA      # an entry never written (pos 0) is never intact: lc_pos - 0 > LC_ARENA
         return 0
 
     cdef inline void _cache_put(self, CacheEnt* st, uint32_t v, const uint64_t* w, Py_ssize_t n,

@@ -463,3 +463,64 @@ def test_qwen36_tokens_encode_to_themselves_except_the_unmerged(pairs):
         text = raw.decode("utf-8", errors="strict") if raw.decode("utf-8", "replace") == raw.decode("utf-8", "ignore") else None
         if text:
             assert tok.encode(text) != [rank] and len(tok.encode(text)) > 1
+
+
+LONG_RUN_SCRIPTS = [(0x0E00, 0x0E7F), (0x3040, 0x30FF), (0x4E00, 0x9FFF), (0x0400, 0x04FF), (0x61, 0x7A)]
+
+
+@pytest.fixture(scope="module")
+def script_tokens(pairs):
+    """vocabulary size -> per LONG_RUN_SCRIPTS range, the texts of (up to 3,000) tokens made only of its
+    characters: what long runs of the script are built of."""
+    inverse = {c: b for b, c in hf_export.bytes_to_unicode().items()}
+    out = {}
+    for ref, _ in pairs.values():
+        vocab = ref.get_vocab()
+        if len(vocab) in out:
+            continue
+        lists = [[] for _ in LONG_RUN_SCRIPTS]
+        for tok, _ in sorted(vocab.items(), key=lambda kv: kv[1]):
+            text = bytes(inverse[c] for c in tok if c in inverse).decode("utf-8", "replace")
+            for (lo, hi), found in zip(LONG_RUN_SCRIPTS, lists):
+                if text and len(found) < 3000 and all(lo <= ord(c) <= hi for c in text):
+                    found.append(text)
+        out[len(vocab)] = lists
+    return out
+
+
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled", "qwen36"])
+def test_long_pieces_cut_where_no_token_spans(pairs, script_tokens, rule):
+    """Pieces of more than 24 bytes are cut at character junctions no token of the vocabulary spans, and the parts
+    go through the piece cache (_core Engine._long). Long runs of scripts written without spaces (Thai, Japanese,
+    Chinese) and of Cyrillic and Latin letters, built from the vocabulary's own tokens and from random characters:
+    HF's ids on every text, the engine cut some pieces, and the long-piece cache answered the repeats."""
+    ref, ours = pairs[rule]
+    rnd = random.Random(7)
+    texts = []
+    for (lo, hi), toks in zip(LONG_RUN_SCRIPTS, script_tokens[len(ref.get_vocab())]):
+        for _ in range(60):
+            texts.append(" " * rnd.randint(0, 1) + "".join(rnd.choice(toks) for _ in range(rnd.randint(4, 40))))
+            texts.append("".join(chr(rnd.randint(lo, hi)) for _ in range(rnd.randint(9, 120))))
+    texts.append("。".join(texts[:50]))
+    engine = ours._engine
+    splits, hits = engine.splits, engine.long_hits
+    assert_same(pairs[rule], texts)         # encodes every text once, then counts and encodes them in batches
+    assert engine.splits > splits
+    assert engine.long_hits > hits
+
+
+def test_long_piece_cache_ring_wraps(pairs):
+    """More distinct long pieces than the long-piece cache's 2 MiB ring holds, with the first ones again after the
+    ring has wrapped (their records overwritten) and again right after being recomputed: HF's ids every time, by
+    count and by encode, on one engine."""
+    ref, ours = pairs["qwen36"]
+    rnd = random.Random(11)
+    thai = [chr(c) for c in range(0x0E01, 0x0E2F)]
+    pieces = [" " + "".join(rnd.choice(thai) for _ in range(rnd.randint(12, 60))) for _ in range(20_000)]
+    assert sum(len(p.encode()) for p in pieces) > 2 * 2 ** 20
+    texts = pieces[:200] + ["".join(pieces[200:])] + pieces[:200] + pieces[:200]
+    expected = _ref_ids(ref, texts)
+    engine = ours._engine.clone()
+    assert [engine.count(t) for t in texts] == [len(e) for e in expected]
+    assert [engine.encode(t) for t in texts] == expected
+    assert engine.long_hits > 0
