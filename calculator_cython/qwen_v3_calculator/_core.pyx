@@ -27,6 +27,17 @@ cdef extern from "Python.h":          # on borrowed references: no reference cou
 cdef extern from *:
     """
     #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    /* Index of the lowest of rk[0:n] (the leftmost on ties) and, in *best, its value: rank and index packed in
+       one word, so the loop is a compare and a conditional move per entry (no branch to mispredict). */
+    static inline int qv3_argmin(const int32_t* rk, int n, int32_t* best) {
+        uint64_t b = UINT64_MAX, v;
+        for (int k = 0; k < n; k++) {
+            v = ((uint64_t) (uint32_t) rk[k] << 32) | (uint32_t) k;
+            b = v < b ? v : b;
+        }
+        *best = (int32_t) (b >> 32);
+        return (int) (uint32_t) b;
+    }
     #include <stdint.h>
     #include <string.h>
     #include <time.h>
@@ -182,6 +193,7 @@ cdef extern from *:
     int64_t qv3_close(int64_t* entered) noexcept nogil
     bint qv3_wait(const int64_t* exited, int64_t count, long spin_ns) noexcept nogil
     double qv3_now() noexcept nogil
+    int qv3_argmin(const int32_t* rk, int n, int32_t* best) noexcept nogil
     Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
     int qv3_load_short(const uint8_t* p, Py_ssize_t n, const uint8_t* end, uint64_t* w) noexcept nogil
     uint32_t qv3_seq_begin(const uint32_t* s) noexcept nogil
@@ -261,7 +273,7 @@ DEF SPIN_NS = 50000    # a threaded batch's caller spins this long for its helpe
 DEF JBLOOM_BITS = 20   # junction filter (128 KiB): pairs of characters some token joins (see _build_junctions)
 DEF J_OPEN = 0x1FFFFF  # a junction key's side that stands for "any character" (a token holds only part of it)
 DEF LC_BITS = 13       # long-piece cache: 2**13 direct-mapped entries (192 KiB) ...
-DEF LC_ARENA = 1 << 21 # ... over a 2 MiB ring of the pieces' bytes and ids; both mapped on first use
+DEF LC_ARENA = 1 << 21 # ... over a 2 MiB ring of the pieces' bytes and ids; both allocated on first use
 DEF LC_MAX = 4096      # longest piece the long-piece cache keeps (bytes)
 DEF PIPE = 16          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
 DEF SBASE = 0xAC00
@@ -732,10 +744,6 @@ cdef class Engine:
     cdef uint8_t* jbyte           # (last byte, next byte) pairs a token made only of two partial characters joins
     cdef LongEnt* lc              # long-piece cache (this engine's; mapped on the first long piece)
     cdef uint8_t* lc_ring
-    cdef void* lc_raw
-    cdef size_t lc_len
-    cdef void* lc_ring_raw
-    cdef size_t lc_ring_len
     cdef uint64_t lc_pos
     cdef readonly int64_t long_hits   # pieces over CACHE_KEY bytes the long-piece cache answered
     cdef readonly int64_t splits      # junctions no token spans at which a long piece was cut
@@ -787,10 +795,6 @@ cdef class Engine:
         self.jbyte = NULL
         self.lc = NULL
         self.lc_ring = NULL
-        self.lc_raw = NULL
-        self.lc_ring_raw = NULL
-        self.lc_len = 0
-        self.lc_ring_len = 0
         self.lc_pos = 0
         self.long_hits = 0
         self.splits = 0
@@ -809,7 +813,7 @@ cdef class Engine:
             free(self.arena); free(self.tok_off); free(self.tok_len); free(self.selfok); free(self.vtab)
             free(self.ptab); free(self.mnew); free(self.pbloom); free(self.cbmp); free(self.csupp_cp); free(self.csupp)
             free(self.risk_hdr); free(self.risk_ent); free(self.jbloom); free(self.jbyte)
-        qv3_lazy_free(self.lc_raw, self.lc_len); qv3_lazy_free(self.lc_ring_raw, self.lc_ring_len)
+        free(self.lc); free(self.lc_ring)
         qv3_lazy_free(self.cache_raw, self.cache_len); free(self.pcache); free(self.add_arena); free(self.add_off); free(self.add_len)
         free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf); free(self.u8)
         free(self.hsym); free(self.hheap)
@@ -1684,13 +1688,8 @@ cdef class Engine:
         for k in range(m - 1):
             rk[k] = self._prank(ids[k], ids[k + 1])
         while m > 1:
-            best = INT32_MAX
-            bi = -1
-            for k in range(m - 1):
-                if rk[k] < best:
-                    best = rk[k]
-                    bi = k
-            if bi < 0:
+            bi = qv3_argmin(rk, <int> (m - 1), &best)
+            if best == INT32_MAX:
                 break
             ids[bi] = self.mnew[best]
             m -= 1
@@ -2018,8 +2017,10 @@ cdef class Engine:
         return 0
 
     cdef int _lc_alloc(self) except -1 nogil:
-        self.lc = <LongEnt*> qv3_lazy_alloc((1 << LC_BITS) * sizeof(LongEnt), &self.lc_raw, &self.lc_len)
-        self.lc_ring = <uint8_t*> qv3_lazy_alloc(LC_ARENA, &self.lc_ring_raw, &self.lc_ring_len)
+        # calloc: zero pages as they are touched, 4 KiB at a time (a huge page would cost its 2 MiB of
+        # zeroing on the first long piece of every fresh engine)
+        self.lc = <LongEnt*> calloc(1 << LC_BITS, sizeof(LongEnt))
+        self.lc_ring = <uint8_t*> calloc(LC_ARENA, 1)
         if self.lc == NULL or self.lc_ring == NULL:
             with gil:
                 raise MemoryError()
