@@ -59,11 +59,23 @@ versions and the sha256. The corpus sha256 (``corpus_sha256``) covers the exact 
 warm-up, in order; on the pinned sources it is c16a18101af55c237dee0c46fa39f9363f34566ec847d90d0b1a72a6520ede6b
 (full run) and 1b1762e452b4f5081335fc8c6d0ce3d3278661e9993fd6c38c7405cfd945a504 (``--quick``), ``RECORDED_SHA256``.
 
+``--peers`` compares every peer tokenizer pinned in ``benchmarks/requirements-peers.txt`` (fastokens, gigatoken,
+riptoken, tokie, bpe-qwen, runtoken; pip-installed first where missing, binary wheels only) with ours
+(``count_tokens`` and ``encode``), tiktoken and HF ``tokenizers``: each loaded from the files ``hf_export`` writes
+(tiktoken-format cores from the bundled ranks with tokenizer.json's split regex and added tokens, NFC per segment
+in Python), one thread on the pinned core, one fresh process per implementation for the slices and one for a
+multi-turn chat workload (``corpus.multiturn_workload``: each request repeats the previous one and adds a turn),
+cold (the first pass) and warm (the best of 3 more), every document's ids checked against HF ``tokenizers`` (an
+implementation with any wrong is reported inexact and not ranked), then each one's own batch call on all cores.
+A peer that cannot be installed, loaded or configured like the reference is listed with the reason.
+
     .venv/bin/python benchmarks/bench_calculator.py                  # 4 MB mixed corpus, < 5 minutes
     .venv/bin/python benchmarks/bench_calculator.py --quick          # small corpus, < 1 minute
     .venv/bin/python benchmarks/bench_calculator.py --corpus-only    # build the corpus, print its sha256 (~15 s)
+    .venv/bin/python benchmarks/bench_calculator.py --peers --vocab qwen3.6 --quick   # the peers, small corpus
 
-Writes ``benchmarks/results/bench_calculator.json`` (and a PNG when matplotlib is importable).
+Writes ``benchmarks/results/bench_calculator.json`` (and a PNG when matplotlib is importable); with ``--peers``
+``bench_calculator-peers-<vocab>.{json,png,txt}`` (``--json`` names the JSON; the others go next to it).
 """
 from __future__ import annotations
 
@@ -77,14 +89,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # calculator_bench/, also when imported as a module
 
 # (some names only for the unit tests, which read them as ``bench.X``: tests/unit/test_bench_*.py)
-from calculator_bench.common import (BATCH_DOCS, HEADLINE, IMPLS, LANG_SLICES, RESULTS, ROOT, SEED,  # noqa: E402,F401
-                                     SLICES, TARGETS)
+from calculator_bench.common import (BATCH_DOCS, HEADLINE, IMPLS, LANG_SLICES, MULTITURN,  # noqa: E402,F401
+                                     PEER_PASSES, PEER_REFERENCE, PEER_SLICES, PEERS, RESULTS, ROOT, SEED, SLICES,
+                                     TARGETS)
 from calculator_bench.corpus import (CORPUS_TXT_REL, PINNED, RECIPE, RECORDED_SHA256, REFS_PINNED,  # noqa: E402,F401
-                                     CorpusMismatch, _find_dist, build_corpus, corpus_banner, corpus_recipe,
-                                     corpus_sha256)
-from calculator_bench.report import plot, report  # noqa: E402
+                                     CorpusMismatch, _find_dist, add_multiturn, build_corpus, corpus_banner,
+                                     corpus_recipe, corpus_sha256, multiturn_workload)
+from calculator_bench.report import (markdown_table, peer_slice_table, peers_plot, peers_report,  # noqa: E402,F401
+                                     plot, ranked, report)
 from calculator_bench.runner import (_loads, _spawn, find_mismatches, maybe_install_bpe_qwen,  # noqa: E402
-                                     pin_one_core, summarize)
+                                     pin_one_core, run_peers, run_trials, summarize)
 from calculator_bench.workers import (VOCAB_ENV, MachineProbe, _steal_s, batch_inputs, batch_worker,  # noqa: E402,F401
                                       bench_vocab, worker)
 
@@ -99,16 +113,21 @@ def main(argv=None) -> int:
                     "implementation is configured with: ours, tiktoken (same ranks, split regex and added tokens) "
                     "and HF (the tokenizer.json hf_export writes for it)")
     ap.add_argument("--try-bpe-qwen", action="store_true", help="pip install bpe-qwen into this environment first")
+    ap.add_argument("--peers", action="store_true", help="every peer tokenizer (benchmarks/requirements-peers.txt, "
+                    "pip-installed first where missing) side by side with ours: every slice plus a multi-turn chat "
+                    "workload, cold and warm, ids checked per document against HF tokenizers, and each one's own "
+                    "batch call on all cores; writes bench_calculator-peers-<vocab>.{json,png,txt}")
     ap.add_argument("--chat", type=int, default=None, help="number of chat messages (default 10000; --quick 1500)")
     ap.add_argument("--passes", type=int, default=2, help="timed passes per slice and process: the first over "
-                    "unseen text, the rest warm (default 2)")
+                    "unseen text, the rest warm (default 2; --peers: always 4)")
     ap.add_argument("--trials", type=int, default=None, help="fresh processes per implementation; the "
                     "fastest first pass is kept (default 5: this shared machine has fast and slow stretches; --quick 2)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="time the passes by the process's CPU "
                     "time (default: robust to other load on a shared machine) or by wall-clock time (both are in "
                     "the JSON)")
     ap.add_argument("--cpu", type=int, default=None, help="CPU to pin to (default: the idlest allowed one over 0.5 s)")
-    ap.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of: " + ",".join(IMPLS))
+    ap.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of: " + ",".join(IMPLS)
+                    + " (with --peers, default all of: " + ",".join(PEERS) + ")")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--corpus-only", action="store_true", help="build the corpus, print its sources, sha256 and "
                     "make-up, and exit (nothing is timed)")
@@ -120,7 +139,10 @@ def main(argv=None) -> int:
     ap.add_argument("--_out", help=argparse.SUPPRESS)
     ap.add_argument("--_passes", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--_cpus", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--no-batch", action="store_true", help="skip the batch section (threads=1 vs all cores)")
+    ap.add_argument("--_ids", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--_verify", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-batch", action="store_true", help="skip the batch section (threads=1 vs all cores; with "
+                    "--peers: the all-cores section)")
     ap.add_argument("--report-only", metavar="JSON", help="re-render the report of an earlier run's JSON (with this "
                     "version's report: e.g. new derived figures) and write them back to it; times nothing")
     ap.add_argument("--batch-only", action="store_true", help="only the batch section (no per-implementation "
@@ -128,18 +150,28 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ[VOCAB_ENV] = args.vocab if not args._worker else bench_vocab()
     if args.json is None:
-        args.json = os.path.join(RESULTS, "bench_calculator.json" if args.vocab == "qwen3"
-                                 else f"bench_calculator-{args.vocab}.json")
+        args.json = os.path.join(RESULTS, f"bench_calculator-peers-{args.vocab}.json" if args.peers else
+                                 "bench_calculator.json" if args.vocab == "qwen3" else
+                                 f"bench_calculator-{args.vocab}.json")
     if args._worker:
         args.worker, args.slices, args.corpus, args.out, args.passes = (args._worker, args._slices, args._corpus,
                                                                         args._out, args._passes)
-        args.cpus = args._cpus
+        args.cpus, args.ids_dir, args.verify = args._cpus, args._ids, args._verify
         worker(args)
         return 0
 
     if args.report_only:
         with open(args.report_only) as f:
             old = json.load(f)
+        if "peers" in old:  # a --peers run: its text and plot again (the JSON holds no derived figures)
+            stem = os.path.splitext(os.path.abspath(args.report_only))[0]
+            text = peers_report(old)
+            print(text)
+            with open(stem + ".txt", "w", encoding="utf-8") as f:
+                f.write(old.get("banner", "") + "\n\n" + text + "\n")
+            png = None if args.no_plot else peers_plot(old, stem + ".png")
+            print(f"\nrewrote {stem}.txt" + (f" and {png}" if png else ""))
+            return 0
         text, extra = report(old["corpus"], old["summary"], old["load_memory"], old["agreement"], old["meta"],
                              old.get("batch"))
         print(text)
@@ -156,7 +188,13 @@ def main(argv=None) -> int:
     passes = max(1, args.passes)
     trials = args.trials if args.trials is not None else (2 if args.quick else 5)
     impls = [i for i in args.impls.split(",") if i]
-    unknown = set(impls) - set(IMPLS)
+    if args.peers:  # every peer by default; HF tokenizers always (the reference the ids are checked against)
+        impls = list(PEERS) if args.impls == ",".join(IMPLS) else impls
+        impls = [PEER_REFERENCE] * (PEER_REFERENCE not in impls) + impls
+        unknown = set(impls) - set(PEERS)
+        if unknown:
+            ap.error(f"unknown implementations for --peers: {sorted(unknown)} (known: {', '.join(PEERS)})")
+    unknown = set(impls) - set(IMPLS) - (set(PEERS) if args.peers else set())
     if unknown:
         ap.error(f"unknown implementations: {sorted(unknown)}")
     # the corpus first: its recipe, source versions and sha256 head every run's output
@@ -172,6 +210,11 @@ def main(argv=None) -> int:
         + ", ".join(f"{k} {v['share']:.1%}" for k, v in corpus["stats"]["mixed"]["by_kind"].items()), flush=True)
     for n in corpus["notes"]:
         print("note:", n, flush=True)
+    if args.peers:
+        add_multiturn(corpus)
+        mt = corpus["stats"][MULTITURN]
+        print(f"multi-turn workload: {mt['conversations']} conversations, {mt['docs']} requests, "
+              f"{mt['bytes'] / 1e6:.2f} MB, sha256 {corpus['multiturn_sha256']}", flush=True)
     if args.corpus_only:
         return 0
     all_cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))  # for the batch section's worker
@@ -179,7 +222,7 @@ def main(argv=None) -> int:
     loadavg_start = " ".join(open("/proc/loadavg").read().split()[:3])
     steal_start, run_start = _steal_s(), time.perf_counter()
     log: list[str] = []
-    if args.try_bpe_qwen:
+    if args.try_bpe_qwen and not args.peers:
         maybe_install_bpe_qwen(log)
 
     from qwen_v3_calculator.vocab import VOCABULARIES, vocabulary_ranks
@@ -195,39 +238,37 @@ def main(argv=None) -> int:
     with open(corpus_path, "w", encoding="utf-8") as f:
         json.dump({"slices": corpus["slices"], "warmup": corpus["warmup"], "paths": paths}, f, ensure_ascii=False)
 
+    if args.peers:
+        res = run_peers(impls, corpus, corpus_path, paths, tmpdir, trials, args.clock, all_cpus, log,
+                        allcores=not args.no_batch)
+        res["meta"] = {"vocab": args.vocab, "cpu": cpu, "cores": len(all_cpus.split(",")),
+                       "python": sys.version.split()[0], "quick": args.quick, "passes": PEER_PASSES,
+                       "trials": trials, "clock": args.clock, "loadavg_start": loadavg_start,
+                       "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]), "log": log,
+                       "ranks_equal": ranks_ok, "size_mb": size, "n_chat": n_chat,
+                       "wall_s": round(time.perf_counter() - t_start, 1)}
+        res["corpus"] = {k: corpus.get(k) for k in ("sha256", "languages_sha256", "multiturn_sha256", "recipe", "seed",
+                                                     "size_mb", "n_chat", "versions", "pinned", "warnings", "stats",
+                                                     "notes", "build_s")}
+        res["banner"] = corpus_banner(corpus)
+        text = peers_report(res)
+        print()
+        print(text)
+        stem = os.path.splitext(os.path.abspath(args.json))[0]
+        os.makedirs(os.path.dirname(stem), exist_ok=True)
+        png = None if args.no_plot else peers_plot(res, stem + ".png")
+        with open(stem + ".txt", "w", encoding="utf-8") as f:
+            f.write(res["banner"] + "\n\n" + text + "\n")
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+        print(f"\nwrote {args.json}, {stem}.txt" + (f" and {png}" if png else "")
+              + f"  ({time.perf_counter() - t_start:.0f} s)")
+        return 0
     # one fresh process per (trial, implementation) timing every slice in SLICES order; slices hold disjoint
     # documents, so every first pass is over text that process has not seen.
-    worker_results: list[dict] = []
     if args.batch_only:
         impls = []
-    merged: dict = {i: {"impl": i, "slices": {}} for i in impls}
-    for trial in range(trials if impls else 0):
-        k = trial % len(impls)  # rotate the order, so a noisy stretch does not always hit the same implementation
-        for impl in impls[k:] + impls[:k]:
-            if trial and merged[impl].get("error") and not merged[impl]["slices"]:
-                continue  # unavailable: do not retry
-            t = time.perf_counter()
-            r = _spawn(impl, list(SLICES), corpus_path, passes, tmpdir, timeout=600, tag=f"-t{trial}")
-            worker_results.append(r)
-            m = merged[impl]
-            if r.get("error") and not m.get("error"):
-                m["error"] = r["error"]
-            for sl in SLICES:
-                new = r.get("slices", {}).get(sl)
-                old = m["slices"].get(sl)
-                if new and "first_cpu_s" in new:
-                    for clk in ("cpu", "wall"):  # keep the fastest trial, and every warm pass
-                        new[f"trials_{clk}_s"] = (old or {}).get(f"trials_{clk}_s", []) + [new[f"first_{clk}_s"]]
-                        if old and f"first_{clk}_s" in old:
-                            new[f"repeat_{clk}_s"] = old[f"repeat_{clk}_s"] + new[f"repeat_{clk}_s"]
-                            new[f"first_{clk}_s"] = min(old[f"first_{clk}_s"], new[f"first_{clk}_s"])
-                    if old and "counts" in old and (old["counts"] != new["counts"] or old["hashes"] != new["hashes"]):
-                        m.setdefault("nondeterministic", []).append(sl)
-                    m["slices"][sl] = new
-                elif new and not old:
-                    m["slices"][sl] = new
-            done = "error: " + r["error"][:80] if r.get("error") else "ok"
-            print(f"  trial {trial + 1}/{trials} {impl:<21} {time.perf_counter() - t:6.1f} s  {done}", flush=True)
+    merged, worker_results = run_trials(impls, [SLICES], corpus_path, passes, tmpdir, trials)
     for impl in impls:  # peak memory: one more fresh process each, counting the mixed corpus
         if merged[impl].get("error") and not merged[impl]["slices"]:
             continue

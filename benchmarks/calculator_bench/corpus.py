@@ -15,7 +15,7 @@ import time
 import zlib
 from typing import NamedTuple
 
-from .common import BASE_SLICES, CJK_RE, LANG_SLICES, ROOT, SEED, SLICES, TEXT_SLICES
+from .common import BASE_SLICES, CJK_RE, LANG_SLICES, MULTITURN, ROOT, SEED, SLICES, TEXT_SLICES
 from .languages import language_slices
 
 
@@ -424,6 +424,15 @@ def corpus_sha256(slices: dict[str, list[str]], warmup: list[str], names=BASE_SL
     return h.hexdigest()
 
 
+def slice_stats(docs: list[str]) -> dict:
+    """Documents, UTF-8 bytes, characters, CJK share and longest document of one slice."""
+    text_chars = sum(len(d) for d in docs)
+    cjk = sum(len(CJK_RE.findall(d)) for d in docs)
+    return {"docs": len(docs), "bytes": sum(len(d.encode("utf-8")) for d in docs), "chars": text_chars,
+            "cjk_char_share": round(cjk / max(1, text_chars), 3),
+            "max_doc_chars": max((len(d) for d in docs), default=0)}
+
+
 def build_corpus(size_mb: float, n_chat: int, seed: int = SEED, strict: bool = False) -> dict:
     """The mixed corpus (size_mb: a third each of zh, en, code documents, shuffled) and, disjoint from it, a zh,
     an en and a code slice of a third of size_mb each, chat messages and warm-up text, all from the pinned sources
@@ -503,14 +512,7 @@ def build_corpus(size_mb: float, n_chat: int, seed: int = SEED, strict: bool = F
     langs = language_slices(max(40_000, int(size_mb * 25_000)), seed, max(300, n_chat // 10))
     for name in LANG_SLICES:
         slices[name], origins[name] = langs[name], [f"generated:{name}"] * len(langs[name])
-    stats = {}
-    for name in SLICES:
-        docs = slices[name]
-        text_chars = sum(len(d) for d in docs)
-        cjk = sum(len(CJK_RE.findall(d)) for d in docs)
-        stats[name] = {"docs": len(docs), "bytes": sum(len(d.encode("utf-8")) for d in docs), "chars": text_chars,
-                       "cjk_char_share": round(cjk / max(1, text_chars), 3),
-                       "max_doc_chars": max((len(d) for d in docs), default=0)}
+    stats = {name: slice_stats(slices[name]) for name in SLICES}
     mixed_bytes = max(1, stats["mixed"]["bytes"])
     stats["mixed"]["by_kind"] = {k: {"docs": len(m), "bytes": sum(len(it[2].encode("utf-8")) for it in m),
                                      "chars": sum(len(it[2]) for it in m)} for k, m in mixed_parts.items()}
@@ -549,3 +551,58 @@ def corpus_banner(corpus: dict) -> str:
         L.append(f"language slices ({', '.join(LANG_SLICES)}; generated, seeded) sha256 {corpus['languages_sha256']}")
     L += [f"WARNING: {w}" for w in corpus["warnings"]]
     return "\n".join(L)
+
+
+# ---- the multi-turn chat workload (--peers) -------------------------------------------------------------------
+MULTITURN_SYSTEM = ("You are a helpful assistant.", "你是一个乐于助人的助手。",
+                    "You answer in the user's language and keep answers short.")
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+def _chatml(role: str, content: str) -> str:
+    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+
+
+def multiturn_workload(messages: list[str], target_bytes: int, seed: int, turns: int = 8) -> list[str]:
+    """Requests of multi-turn conversations, as a gateway counts them: conversation after conversation, request k of
+    a conversation is the ChatML rendering of its (optional) system message and turns 0..k-1 (a user message and the
+    assistant's answer each) followed by user message k and the generation prompt -- so every request repeats the
+    whole previous one (without its generation prompt) and adds one turn. Users say one message, the assistant
+    answers with one to three (sometimes after a ``<think>`` block); all drawn from ``messages`` by
+    ``random.Random(f"{seed}/multiturn")``. Conversations are added until the requests total ``target_bytes``
+    UTF-8 bytes; each has 2..``turns`` requests."""
+    if not messages:
+        raise ValueError("no messages to build conversations from")
+    rng = random.Random(f"{seed}/{MULTITURN}")
+    out: list[str] = []
+    size = 0
+    while size < target_bytes:
+        history = _chatml("system", rng.choice(MULTITURN_SYSTEM)) if rng.random() < 0.5 else ""
+        for _ in range(rng.randint(2, max(2, turns))):
+            user = _chatml("user", rng.choice(messages))
+            request = history + user + GENERATION_PROMPT
+            out.append(request)
+            size += len(request.encode("utf-8"))
+            answer = "\n\n".join(rng.choice(messages) for _ in range(rng.randint(1, 3)))
+            if rng.random() < 0.3:
+                answer = f"<think>\n{rng.choice(messages)}\n</think>\n\n{answer}"
+            history += user + _chatml("assistant", answer)
+    return out
+
+
+def conversation_starts(requests: list[str]) -> list[int]:
+    """Indices of the requests of :func:`multiturn_workload` that start a conversation (the others extend the
+    request before them)."""
+    g = len(GENERATION_PROMPT)
+    return [i for i, r in enumerate(requests) if i == 0 or not r.startswith(requests[i - 1][:-g])]
+
+
+def add_multiturn(corpus: dict, seed: int = SEED) -> None:
+    """Add the multi-turn slice to a built corpus (in place): conversations from its chat and mixchat messages,
+    as many bytes of requests as the chat slice holds; its stats and its own sha256 go with it."""
+    msgs = list(corpus["slices"]["chat"]) + list(corpus["slices"]["mixchat"])
+    docs = multiturn_workload(msgs, corpus["stats"]["chat"]["bytes"], seed)
+    corpus["slices"][MULTITURN] = docs
+    corpus["stats"][MULTITURN] = slice_stats(docs)
+    corpus["stats"][MULTITURN]["conversations"] = len(conversation_starts(docs))
+    corpus["multiturn_sha256"] = corpus_sha256(corpus["slices"], corpus["warmup"], (MULTITURN,))

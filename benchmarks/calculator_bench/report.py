@@ -34,6 +34,8 @@ def report(corpus, summary, loads, mism, meta, batch=None) -> tuple[str, dict]:
                             for k, v in sorted(corpus["makeup"][sl].items(), key=lambda kv: -kv[1]["bytes"]))
         elif sl == "chat":
             src = "messages: " + ", ".join(f"{k} {v}" for k, v in s["mix"].items()) + " (zh/en/code: held-out text)"
+        else:
+            src = "generated, seeded (calculator_bench/languages.py)"
         L.append(f"  {sl:<6} {s['docs']:>6} {s['bytes']:>10,} {s['chars']:>10,} {s['cjk_char_share']:>9.2f}  {src}")
     for n in corpus["notes"]:
         L.append(f"  note: {n}")
@@ -286,4 +288,245 @@ def plot(summary: dict, path: str, batch: dict | None = None) -> str | None:
         axes[2].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.13), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return path
+
+
+# ---- --peers: every peer side by side (markdown tables, text, plot) -------------------------------------------------
+def markdown_table(header: list[str], rows: list[list[str]], right: int = 1) -> str:
+    """A markdown table; the columns from ``right`` on are right-aligned (figures)."""
+    cells = [header] + rows
+    width = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda r: "| " + " | ".join(c.rjust(w) if i >= right else c.ljust(w)  # noqa: E731
+                                      for i, (c, w) in enumerate(zip(r, width))) + " |"
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if i >= right else ("-" * (w + 2)) for i, w in enumerate(width)) + "|"
+    return "\n".join([fmt(header), sep] + [fmt(r) for r in rows])
+
+
+def ranked(summary: dict, exactness: dict, sl: str = "mixed", key: str = "MB_s") -> list[str]:
+    """The implementations ranked for speed on one slice, fastest first: only those whose ids were checked equal to
+    HF tokenizers' on every document of every slice (status exact, or the reference itself)."""
+    ok = [i for i, row in summary.items() if (exactness.get(i) or {}).get("status") in ("exact", "reference")
+          and isinstance(row.get(sl), dict) and row[sl].get(key)]
+    return sorted(ok, key=lambda i: -summary[i][sl][key])
+
+
+def _speed_cell(row: dict, base: dict, sl: str, key: str, wrong: bool) -> str:
+    v = (row.get(sl) or {}).get(key) if isinstance(row.get(sl), dict) else None
+    if v is None:
+        return "-"
+    b = (base.get(sl) or {}).get(key) if isinstance(base.get(sl), dict) else None
+    return f"{v:.1f}" + (f" ({v / b:.2f}x)" if b else "") + (" ✗" if wrong else "")
+
+
+def peer_slice_table(summary: dict, exactness: dict, slices, key: str = "MB_s",
+                     baseline: str = "tiktoken") -> tuple[list[str], list[list[str]]]:
+    """Rows = slices, columns = the implementations that ran: MB/s (``key``: MB_s cold, warm_MB_s warm) and the
+    ratio to ``baseline`` on the same slice; ✗ marks a slice where the implementation got some document's ids
+    wrong. Last row: each implementation's rank on the mixed slice among the exact ones ("inexact": not ranked)."""
+    impls = [i for i, r in summary.items() if not r.get("error")]
+    base = summary.get(baseline) or {}
+    rows = []
+    for sl in slices:
+        rows.append([sl] + [_speed_cell(summary[i], base, sl, key, sl in ((exactness.get(i) or {}).get("wrong") or {}))
+                            for i in impls])
+    order = ranked(summary, exactness, "mixed", key)
+    rows.append(["rank (mixed)"] + [str(order.index(i) + 1) if i in order else
+                                    ((exactness.get(i) or {}).get("status") or "-") for i in impls])
+    return ["slice"] + impls, rows
+
+
+def _exact_cell(v: dict | None) -> str:
+    if not v:
+        return "-"
+    if v["status"] == "reference":
+        return "reference"
+    if v["status"] == "inexact":
+        total = sum(v["docs"].values())
+        parts = [f"{sl} {n}/{v['docs'][sl]}" for sl, n in v["wrong"].items()]
+        parts += [f"{sl}: other ids on a later pass" for sl in v.get("unstable", []) if sl not in v["wrong"]]
+        return f"**inexact**: {v['wrong_docs']}/{total} docs wrong (" + ", ".join(parts) + ")"
+    if v["status"] == "unverified":
+        return "unverified (" + ", ".join(f"{sl}: {why[:40]}" for sl, why in list(v["unverified"].items())[:3]) + ")"
+    return f"exact ({sum(v['docs'].values())} docs, by {v['by']})"
+
+
+def peer_summary_table(res: dict) -> tuple[list[str], list[list[str]]]:
+    """One row per implementation: version, exactness, load and memory, cold and warm MB/s on the mixed and
+    multi-turn slices with the ratio to tiktoken, rank; unavailable ones with the reason."""
+    summary, ex, loads, peers = res["summary"], res["exactness"], res["load_memory"], res["peers"]
+    base = summary.get("tiktoken") or {}
+    order = ranked(summary, ex)
+    rows = []
+    for impl, p in peers.items():
+        row = summary.get(impl) or {}
+        if row.get("error") or impl not in summary:
+            why = p.get("why") or row.get("error") or "?"
+            short = ("not installed" if why.startswith("not installed") else
+                     "cannot be configured like the reference" if "NotConfigurable" in why else why[:60])
+            rows.append([impl, p.get("version") or "-", f"**unavailable**: {short} (below)"] + ["-"] * 8)
+            continue
+        ld = loads.get(impl) or {}
+        med = lambda k, f="{:.3f}": _f(ld.get(k) and ld[k]["median"], f)  # noqa: E731
+        rows.append([impl, p.get("version") or "-", _exact_cell(ex.get(impl)), med("import_s"), med("load_s"),
+                     med("rss_mb", "{:.1f}"),
+                     _speed_cell(row, base, "mixed", "MB_s", False),
+                     _speed_cell(row, base, "mixed", "warm_MB_s", False),
+                     _speed_cell(row, base, "multiturn", "MB_s", False),
+                     _speed_cell(row, base, "multiturn", "warm_MB_s", False),
+                     str(order.index(impl) + 1) if impl in order else "not ranked"])
+    return ["implementation", "version", "ids vs HF tokenizers", "import s", "load s", "RSS MB", "mixed cold MB/s",
+            "mixed warm MB/s", "multiturn cold MB/s", "multiturn warm MB/s", "rank"], rows
+
+
+def peer_allcores_table(res: dict) -> tuple[list[str], list[list[str]]]:
+    """One row per implementation with a batch call: its call, then per workload cold and warm MB/s (wall clock,
+    every allowed core) with the ratio to tiktoken's batch call, and whether its ids matched HF's batch call."""
+    ac, chk = res.get("allcores") or {}, res.get("allcores_check") or {}
+    names = []
+    for r in ac.values():
+        names += [n for n in (r.get("workloads") or {}) if n not in names]
+    base = (ac.get("tiktoken") or {}).get("workloads") or {}
+
+    def mb_s(w, state):
+        if not w or w.get("error") or not w.get("cold_wall_s"):
+            return None
+        return w["bytes"] / 1e6 / (w["cold_wall_s"] if state == "cold" else min(w["warm_wall_s"] or [w["cold_wall_s"]]))
+
+    def cell(w, b, state):
+        v, bv = mb_s(w, state), mb_s(b, state)
+        return "-" if v is None else f"{v:.1f}" + (f" ({v / bv:.2f}x)" if bv else "")
+
+    rows = []
+    for impl, r in ac.items():
+        if r.get("error"):
+            rows.append([impl, "-", "unavailable: " + r["error"][:80]] + ["-"] * (2 * len(names)))
+            continue
+        ws = r.get("workloads") or {}
+        c = chk.get(impl) or {}
+        bad = [f"{n} {v['wrong']}/{v['docs']}" for n, v in c.items() if v.get("wrong")]
+        bad += [f"{n}: warm calls differ" for n, v in c.items() if v.get("warm_same") is False]
+        errs = [n for n, v in c.items() if v.get("error")]
+        verdict = ("**inexact** (" + ", ".join(bad) + ")" if bad else
+                   ("unverified (" + ", ".join(errs) + ")" if errs else "exact"))
+        cells = []
+        for n in names:
+            cells += [cell(ws.get(n), base.get(n), "cold"), cell(ws.get(n), base.get(n), "warm")]
+        rows.append([impl, res["peers"].get(impl, {}).get("batch_call") or "-", verdict] + cells)
+    return (["implementation", "call", "ids vs HF"] + [f"{n} {s} MB/s" for n in names for s in ("cold", "warm")],
+            rows)
+
+
+def peers_report(res: dict) -> str:
+    """The text of a --peers run: what ran where, the tables (markdown), the unavailable peers and why, one example
+    of each inexact peer's first wrong document."""
+    meta, corpus = res["meta"], res["corpus"]
+    vocab_name = {"qwen3": "Qwen3", "qwen3.6": "Qwen3.5/3.6"}[meta["vocab"]]
+    st = corpus["stats"]
+    L = [f"{vocab_name} tokenizers side by side (--peers) - one thread on one pinned core (cpu {meta['cpu']}), Python "
+         f"{meta['python']}, --size-mb {meta['size_mb']:g} --chat {meta['n_chat']}"
+         f"{' (--quick)' if meta['quick'] else ''}, {meta['trials']} trial process(es) per "
+         f"implementation and group of slices, {meta['passes']} passes per slice, timed by "
+         f"{meta['clock'].upper()} time",
+         f"corpus sha256 {corpus['sha256']}; language slices {corpus.get('languages_sha256')}; multi-turn "
+         f"{corpus.get('multiturn_sha256')}",
+         f"load average at start/end: {meta['loadavg_start']} / {meta['loadavg']} ({os.cpu_count()} CPUs; other "
+         "processes on this machine add noise)", ""]
+    L.append("Slices: " + ", ".join(f"{sl} {st[sl]['bytes'] / 1e6:.2f} MB/{st[sl]['docs']}" for sl in res["slices"])
+             + f" (multiturn: {st['multiturn'].get('conversations')} conversations, each request repeating the "
+             "previous one and adding a turn)")
+    L.append("")
+    L.append("cold = the first pass of a fresh process over text it has not seen (after a warm-up on held-out text; "
+             "best over the trial processes); warm = the best of the next passes over the same documents. MB/s = "
+             "10^6 UTF-8 bytes per CPU second; (Nx) = the ratio to tiktoken on the same slice. Ids are checked "
+             "document by document against HF tokenizers on every slice (first pass; every later pass and trial "
+             "against the first): an implementation with any document wrong is inexact and not ranked.")
+    L.append("")
+    L.append("### Summary")
+    L.append("")
+    L.append(markdown_table(*peer_summary_table(res), right=3))
+    L.append("")
+    for title, key in (("cold", "MB_s"), ("warm", "warm_MB_s")):
+        L.append(f"### One core, {title} MB/s per slice (x tiktoken; ✗ = some document's ids wrong on that slice)")
+        L.append("")
+        L.append(markdown_table(*peer_slice_table(res["summary"], res["exactness"], res["slices"], key)))
+        L.append("")
+    ac = res.get("allcores") or {}
+    cores = next((len(r["cores"]) for r in ac.values() if r.get("cores")), None)
+    if ac:
+        L.append(f"### All cores ({cores} cores), each implementation's own batch call, wall clock (x tiktoken's "
+                 "batch call)")
+        L.append("")
+        L.append(markdown_table(*peer_allcores_table(res), right=3))
+        L.append("")
+    L.append("### How each was loaded")
+    L.append("")
+    for impl, p in res["peers"].items():
+        L.append(f"- `{impl}` {p.get('version') or ''}: {p['config']}" + (f" — **unavailable**: {p['why']}"
+                                                                            if p.get("why") else ""))
+    L.append("")
+    examples = [(i, v["example"]) for i, v in res["exactness"].items() if v.get("example")]
+    if examples:
+        L.append("### First wrong document of each inexact implementation")
+        L.append("")
+        for impl, e in examples:
+            L.append(f"- `{impl}` {e['slice']} doc {e['doc']}: {e['count']} tokens vs HF {e['ref_count']}"
+                     + (f"; first difference at token {e['first_diff_token']}: {e['ids']} vs HF {e['ref_ids']}"
+                        if "first_diff_token" in e else "") + f"; near {e['excerpt']}")
+        L.append("")
+    for ln in meta.get("log", []):
+        L.append(f"note: {ln}")
+    return "\n".join(L)
+
+
+def peers_plot(res: dict, path: str) -> str | None:
+    """Cold and warm MB/s per slice (one core; hollow markers: inexact) and the all-cores MB/s per workload."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except Exception:
+        return None
+    summary, ex, slices = res["summary"], res["exactness"], res["slices"]
+    impls = [k for k, v in summary.items() if not v.get("error")]
+    ac = {k: v for k, v in (res.get("allcores") or {}).items() if not v.get("error")}
+    fig, axes = plt.subplots(1, 3 if ac else 2, figsize=(22 if ac else 16, 6.8))
+    marks = "osD^v<>ph*X"
+    color = {impl: f"C{n % 10}" for n, impl in enumerate(res["peers"])}  # one colour per implementation throughout
+    for ax, key, title in ((axes[0], "MB_s", "one core, cold"), (axes[1], "warm_MB_s", "one core, warm")):
+        for n, impl in enumerate(impls):
+            xs = [j for j, sl in enumerate(slices) if isinstance(summary[impl].get(sl), dict)
+                  and summary[impl][sl].get(key)]
+            ys = [summary[impl][slices[j]][key] for j in xs]
+            exact = (ex.get(impl) or {}).get("status") in ("exact", "reference")
+            ax.plot(xs, ys, marker=marks[n % len(marks)], ls="-" if exact else ":", lw=1, color=color.get(impl),
+                    mfc=None if exact else "none", label=impl + ("" if exact else " (inexact)"))
+        ax.set_xticks(range(len(slices)), slices, rotation=60, fontsize=8)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_ylabel("MB/s (10^6 UTF-8 bytes per CPU second)")
+        ax.set_title(f"{title} ({res['meta']['vocab']})")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    if ac:
+        names = []
+        for r in ac.values():
+            names += [n for n in r["workloads"] if n not in names]
+        w = 0.8 / max(1, len(ac))
+        for n, (impl, r) in enumerate(ac.items()):
+            vals = []
+            for name in names:
+                wl = r["workloads"].get(name) or {}
+                vals.append(wl["bytes"] / 1e6 / min(wl["warm_wall_s"]) if wl.get("warm_wall_s") else 0)
+            axes[2].bar([j + n * w for j in range(len(names))], vals, w, label=impl, color=color.get(impl))
+        axes[2].set_xticks([j + 0.4 - w / 2 for j in range(len(names))], names)
+        axes[2].set_yscale("log")
+        axes[2].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        cores = next(len(r["cores"]) for r in ac.values())
+        axes[2].set_ylabel(f"MB/s, wall clock, {cores} cores (warm)")
+        axes[2].set_title("all cores: each one's own batch call")
+        axes[2].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
     return path
