@@ -270,8 +270,7 @@ DEF CACHE_IDS = 8      # a CacheEnt is 64 bytes: 24 key + 32 ids + seq, klen, ni
 DEF MIN_PARALLEL = 65536  # code points: smaller batches run in the calling thread (handing work to a thread
                           # and collecting it costs tens of microseconds; below this threads did not pay)
 DEF SPIN_NS = 50000    # a threaded batch's caller spins this long for its helpers' last runs, then blocks
-DEF JBLOOM_BITS = 20   # junction filter (128 KiB): pairs of characters some token joins (see _build_junctions)
-DEF J_OPEN = 0x1FFFFF  # a junction key's side that stands for "any character" (a token holds only part of it)
+DEF JBLOOM_BITS = 23   # junction filter (1 MiB): the characters around the junctions tokens span (_build_junctions)
 DEF LC_BITS = 13       # long-piece cache: 2**13 direct-mapped entries (192 KiB) ...
 DEF LC_ARENA = 1 << 21 # ... over a 2 MiB ring of the pieces' bytes and ids; both allocated on first use
 DEF LC_MAX = 4096      # longest piece the long-piece cache keeps (bytes)
@@ -741,6 +740,8 @@ cdef class Engine:
     cdef int npq
     cdef const uint8_t* seg_end   # end of the segment _scan reads (bounds the 8-byte reads of qv3_load_short)
     cdef uint64_t* jbloom         # junction filter (owned like the vocabulary; _build_junctions)
+    cdef uint8_t* jopen           # per code point: bit 1, some token ends inside a character after it; bit 2,
+                                  # some token starts inside a character before it
     cdef uint8_t* jbyte           # (last byte, next byte) pairs a token made only of two partial characters joins
     cdef LongEnt* lc              # long-piece cache (this engine's; mapped on the first long piece)
     cdef uint8_t* lc_ring
@@ -792,6 +793,7 @@ cdef class Engine:
         self.hheap = NULL
         self.hcap = 0
         self.jbloom = NULL
+        self.jopen = NULL
         self.jbyte = NULL
         self.lc = NULL
         self.lc_ring = NULL
@@ -812,7 +814,7 @@ cdef class Engine:
         if self.owns:
             free(self.arena); free(self.tok_off); free(self.tok_len); free(self.selfok); free(self.vtab)
             free(self.ptab); free(self.mnew); free(self.pbloom); free(self.cbmp); free(self.csupp_cp); free(self.csupp)
-            free(self.risk_hdr); free(self.risk_ent); free(self.jbloom); free(self.jbyte)
+            free(self.risk_hdr); free(self.risk_ent); free(self.jbloom); free(self.jopen); free(self.jbyte)
         free(self.lc); free(self.lc_ring)
         qv3_lazy_free(self.cache_raw, self.cache_len); free(self.pcache); free(self.add_arena); free(self.add_off); free(self.add_len)
         free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf); free(self.u8)
@@ -986,20 +988,26 @@ cdef class Engine:
         """Where a long piece may be cut. BPE only ever joins symbols into tokens, so at a point of a piece that
         no token of the vocabulary spans, the merges on its two sides are independent: BPE(piece) = BPE(left) +
         BPE(right), exactly (every step merges the lowest-ranked pair of one side or the other, in the order the
-        side alone would). In valid UTF-8 such a point between characters x and y is recognised from what the
-        tokens hold across a character start: both characters whole (key (x, y)), x whole and y cut off by the
-        token's end ((x, J_OPEN)), y whole after a token start inside x ((J_OPEN, y)), or parts of both (the two
-        bytes at the junction, jbyte). All of them go into a one-hash filter: a false positive only means a
-        piece is not cut where it could have been, never a different result."""
+        side alone would). Recorded here, for every token and every character start inside it (a junction
+        between characters x and y), what a text must hold around such a point for the token to span it:
+        * x or y only partly in the token (it starts inside x or ends inside y): never cut next to that
+          character (jopen), or, when both are partial, at that pair of bytes (jbyte);
+        * else, in a one-hash filter, the pair (x, y) (key P: no such key, no token spans x|y), and with the
+          characters beside them: (x, y) when the token starts at or inside x's left neighbour's place and ends
+          at or inside y's right one's (A: it is "xy", or partial characters around it), (x, y, z) when it
+          starts there and holds the next character z whole (B), (w, x, y) mirrored (C), (w, x, y, z) (D).
+        _cut asks for the keys a text's w x | y z could meet; a false positive of the filter only means a piece
+        is not cut where it could have been, never a different result."""
         cdef int32_t t
-        cdef Py_ssize_t n, k, j, L
+        cdef Py_ssize_t n, k, j, jw, kz, L, L2
         cdef const uint8_t* s
-        cdef uint32_t x = 0, y = 0
-        cdef bint xfull, yfull
+        cdef uint32_t x = 0, y = 0, w = 0, z = 0
+        cdef bint xfull, yfull, wfull, zfull
         cdef int ln
         self.jbloom = <uint64_t*> calloc(1 << (JBLOOM_BITS - 6), sizeof(uint64_t))
+        self.jopen = <uint8_t*> calloc(MAXCP, 1)
         self.jbyte = <uint8_t*> calloc(8192, 1)
-        if self.jbloom == NULL or self.jbyte == NULL:
+        if self.jbloom == NULL or self.jopen == NULL or self.jbyte == NULL:
             raise MemoryError()
         for t in range(self.ntok):
             n = self.tok_len[t]
@@ -1007,6 +1015,7 @@ cdef class Engine:
                 continue
             s = self.arena + self.tok_off[t]
             j = -1                              # the last byte that starts a character, or -1
+            jw = -1                             # the one before it
             for k in range(n):
                 if (s[k] & 0xC0) == 0x80:
                     continue
@@ -1019,28 +1028,64 @@ cdef class Engine:
                     if yfull:
                         y = _dec(s, k, &ln)
                     if xfull and yfull:
-                        self._jset(x, y)
+                        wfull = jw >= 0 and _u8len(s[jw]) == j - jw
+                        kz = k + L
+                        zfull = False
+                        if kz < n and (s[kz] & 0xC0) != 0x80 and s[kz] < 0xF8:
+                            L2 = _u8len(s[kz])
+                            zfull = kz + L2 <= n and _allcont(s + kz + 1, L2 - 1)
+                        if wfull:
+                            w = _dec(s, jw, &ln)
+                        if zfull:
+                            z = _dec(s, kz, &ln)
+                        self._jset(1, x, y, 0, 0)
+                        if wfull and zfull:
+                            self._jset(5, w, x, y, z)
+                        elif wfull:
+                            self._jset(4, w, x, y, 0)
+                        elif zfull:
+                            self._jset(3, x, y, z, 0)
+                        else:
+                            self._jset(2, x, y, 0, 0)
                     elif xfull:
-                        self._jset(x, J_OPEN)
+                        self.jopen[x] |= 1
                     elif yfull:
-                        self._jset(J_OPEN, y)
+                        self.jopen[y] |= 2
                     else:
                         self.jbyte[(<Py_ssize_t> s[k - 1] << 5) | (s[k] >> 3)] |= <uint8_t> (1 << (s[k] & 7))
+                jw = j
                 j = k
         return 0
 
-    cdef inline void _jset(self, uint32_t x, uint32_t y) noexcept nogil:
-        cdef uint64_t b = _hpair((<uint64_t> x << 21) | y) >> (64 - JBLOOM_BITS)
-        self.jbloom[b >> 6] |= 1ULL << (b & 63)
+    cdef inline uint64_t _jbit(self, uint32_t tag, uint32_t a, uint32_t b, uint32_t c, uint32_t d) noexcept nogil:
+        cdef uint64_t h = ((((<uint64_t> a) << 21) | b) * 0x9E3779B97F4A7C15ULL) \
+            ^ (((((<uint64_t> c) << 21) | d) + tag) * 0xC2B2AE3D27D4EB4FULL)
+        return _hpair(h) >> (64 - JBLOOM_BITS)
 
-    cdef inline bint _jhas(self, uint32_t x, uint32_t y) noexcept nogil:
-        cdef uint64_t b = _hpair((<uint64_t> x << 21) | y) >> (64 - JBLOOM_BITS)
-        return (self.jbloom[b >> 6] >> (b & 63)) & 1
+    cdef inline void _jset(self, uint32_t tag, uint32_t a, uint32_t b, uint32_t c, uint32_t d) noexcept nogil:
+        cdef uint64_t bit = self._jbit(tag, a, b, c, d)
+        self.jbloom[bit >> 6] |= 1ULL << (bit & 63)
 
-    cdef inline bint _cut(self, const uint8_t* p, uint32_t x, uint32_t y) noexcept nogil:
-        """May a piece be cut between x and y (y's first byte at p): no token spans that point."""
-        return not (self._jhas(x, y) or self._jhas(x, J_OPEN) or self._jhas(J_OPEN, y)
-                    or (self.jbyte[(<Py_ssize_t> p[-1] << 5) | (p[0] >> 3)] >> (p[0] & 7)) & 1)
+    cdef inline bint _jhas(self, uint32_t tag, uint32_t a, uint32_t b, uint32_t c, uint32_t d) noexcept nogil:
+        cdef uint64_t bit = self._jbit(tag, a, b, c, d)
+        return (self.jbloom[bit >> 6] >> (bit & 63)) & 1
+
+    cdef inline bint _cut(self, const uint8_t* p, bint hasw, uint32_t w, uint32_t x, uint32_t y, bint hasz,
+                          uint32_t z) noexcept nogil:
+        """May a piece be cut between x and y (y's first byte at p; w before x and z after y when the piece has
+        them): no token spans that point (_build_junctions)."""
+        if (self.jopen[x] & 1) or (self.jopen[y] & 2) or (self.jbyte[(<Py_ssize_t> p[-1] << 5) | (p[0] >> 3)] >>
+                                                          (p[0] & 7)) & 1:
+            return False
+        if not self._jhas(1, x, y, 0, 0):
+            return True
+        if self._jhas(2, x, y, 0, 0):
+            return False
+        if hasz and self._jhas(3, x, y, z, 0):
+            return False
+        if hasw and (self._jhas(4, w, x, y, 0) or (hasz and self._jhas(5, w, x, y, z))):
+            return False
+        return True
 
     # ------------------------------------------------------------ per-character table (premerge, risk)
     cdef int _build_chars(self) except -1:
@@ -1538,6 +1583,7 @@ cdef class Engine:
         e.risk_hdr = self.risk_hdr
         e.risk_ent = self.risk_ent
         e.jbloom = self.jbloom
+        e.jopen = self.jopen
         e.jbyte = self.jbyte
         e.premerge = self.premerge
         e._alloc_cache(not share_cache)
@@ -1937,21 +1983,32 @@ cdef class Engine:
     cdef int _long(self, const uint8_t* p, Py_ssize_t n) except -1 nogil:
         """A piece of more than CACHE_KEY bytes: cut where no token spans (_build_junctions), each part
         through the piece cache or, when still long, the long-piece cache and BPE."""
-        cdef Py_ssize_t i, a = 0
-        cdef int ln
-        cdef uint32_t x, y
+        cdef Py_ssize_t i, iz, xs = 0, a = 0
+        cdef int lx, ly, lz = 0
+        cdef uint32_t c0 = 0, x, y, z = 0
+        cdef bint hasz
         cdef uint64_t w[3]
-        if self.jbloom != NULL:
-            x = _dec(p, 0, &ln)
-            i = ln
-            while i < n:
-                y = _dec(p, i, &ln)
-                if self._cut(p + i, x, y):
+        if self.jbloom != NULL:     # n > CACHE_KEY bytes: at least two characters
+            x = _dec(p, 0, &lx)
+            i = lx
+            y = _dec(p, i, &ly)
+            while True:             # the junction x | y at i; x starts at xs, c0 before it when xs > 0, z after y
+                iz = i + ly
+                hasz = iz < n
+                if hasz:
+                    z = _dec(p, iz, &lz)
+                if self._cut(p + i, xs > 0, c0, x, y, hasz, z):
                     self.splits += 1
                     self._part(p + a, i - a, w)
                     a = i
+                if not hasz:
+                    break
+                c0 = x
+                xs = i
                 x = y
-                i += ln
+                y = z
+                i = iz
+                ly = lz
             if a > 0:
                 return self._part(p + a, n - a, w)
         return self._long_part(p, n)
