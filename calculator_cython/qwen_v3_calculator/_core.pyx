@@ -356,9 +356,9 @@ def init_unicode_tables(dict data):
         cls[c] |= F_UNSAFE
     for c in range(TBASE + 1, TBASE + TCOUNT):
         cls[c] |= F_UNSAFE
-    for c in range(0x4000, 0xA000):   # _first_unsafe skips these three-byte sequences unread
+    for c in range(0x4000, 0xA000):   # _nfc_unsafe decides these without the table
         if cls[c] & F_UNSAFE:
-            raise ValueError(f"U+{c:04X} is not NFC-safe in these tables; _first_unsafe assumes U+4000..U+9FFF are")
+            raise ValueError(f"U+{c:04X} is not NFC-safe in these tables; _nfc_unsafe assumes U+4000..U+9FFF are")
     CLS = cls
     CCC = ccc
     _tables_ready = True
@@ -436,35 +436,10 @@ cdef inline int64_t _compose(uint32_t a, uint32_t b) noexcept nogil:
 
 cdef inline bint _nfc_unsafe(uint32_t c) noexcept nogil:
     """Is c not NFC-safe (F_UNSAFE: not NFC_QC=Yes, or ccc != 0)? No character below U+0300 is, nor any of
-    U+4000..U+9FFF (init_unicode_tables checks): those are decided without the table. The one predicate of the
-    encoder's flag (_text) and of _first_unsafe, which must agree."""
-    return c >= 0x300 and (c < 0x4000 or c >= 0xA000) and (CLS[c] & F_UNSAFE) != 0
-
-
-cdef inline Py_ssize_t _first_unsafe(const uint8_t* s, Py_ssize_t n) noexcept nogil:
-    """Offset of the first character of s[0:n] that is not NFC_QC=Yes with ccc 0 (F_UNSAFE), or -1. Text
+    U+4000..U+9FFF (init_unicode_tables checks): those are decided without the table. The encoder (_text) records
+    the offset of every such character of a text; NFC (_nfc) works from that list and from nothing else. A text
     without one is in NFC: such characters never change, combine with or reorder around others."""
-    cdef Py_ssize_t i = 0
-    cdef int ln
-    cdef uint32_t c
-    cdef uint64_t w
-    while i < n:
-        if i + 8 <= n:       # eight ASCII bytes at a time
-            memcpy(&w, s + i, 8)
-            if (w & 0x8080808080808080ULL) == 0:
-                i += 8
-                continue
-        if s[i] < 0xCC:      # ASCII, continuation bytes, and lead bytes of U+0080..U+02FF (all NFC-safe)
-            i += 1
-            continue
-        if 0xE4 <= s[i] <= 0xE9:    # U+4000..U+9FFF (CJK ideographs): all NFC-safe (init_unicode_tables checks)
-            i += 3
-            continue
-        c = _dec(s, i, &ln)
-        if _nfc_unsafe(c):
-            return i
-        i += ln
-    return -1
+    return c >= 0x300 and (c < 0x4000 or c >= 0xA000) and (CLS[c] & F_UNSAFE) != 0
 
 
 # ---------------------------------------------------------------- C data structures of the engine
@@ -728,6 +703,9 @@ cdef class Engine:
     cdef uint8_t* u8              # UTF-8 of the current text when it is not ASCII
     cdef Py_ssize_t u8cap
     cdef Py_ssize_t badpos        # _text: index of the lone surrogate it stopped at
+    cdef Py_ssize_t* upos         # _text: offsets in its UTF-8 (at ubase) of the characters that are not NFC-safe
+    cdef Py_ssize_t nupos, upos_cap, upos_i   # ... their number, room, and the next one _segment/_nfc look at
+    cdef const uint8_t* ubase
     cdef object added_list        # set_added_tokens' argument (clones copy it)
     cdef object id_objects        # list: id -> int object, for _ids (on the root engine; clones share it)
     cdef object helpers           # engines of the batch worker threads (clones), created on first use
@@ -803,6 +781,11 @@ cdef class Engine:
         self.npq = 0
         self.u8 = NULL
         self.u8cap = 0
+        self.upos = NULL
+        self.nupos = 0
+        self.upos_cap = 0
+        self.upos_i = 0
+        self.ubase = NULL
         self.add_only = -1
         self.rule = 0
         self.nfc = True
@@ -817,7 +800,7 @@ cdef class Engine:
             free(self.risk_hdr); free(self.risk_ent); free(self.jbloom); free(self.jopen); free(self.jbyte)
         free(self.lc); free(self.lc_ring)
         qv3_lazy_free(self.cache_raw, self.cache_len); free(self.pcache); free(self.add_arena); free(self.add_off); free(self.add_len)
-        free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf); free(self.u8)
+        free(self.add_id); free(self.out); free(self.ubuf); free(self.nbuf); free(self.u8); free(self.upos)
         free(self.hsym); free(self.hheap)
 
     # ------------------------------------------------------------ construction
@@ -2211,6 +2194,31 @@ cdef class Engine:
         self.ncap = cap
         return 0
 
+    cdef inline Py_ssize_t _next_unsafe(self, const uint8_t* s, Py_ssize_t n) noexcept nogil:
+        """Offset in s[0:n] of the first character _text recorded as not NFC-safe at or after s, or -1 (s in the
+        text's UTF-8; positions are asked for in increasing order)."""
+        cdef Py_ssize_t at = s - self.ubase
+        while self.upos_i < self.nupos and self.upos[self.upos_i] < at:
+            self.upos_i += 1
+        if self.upos_i < self.nupos and self.upos[self.upos_i] < at + n:
+            return self.upos[self.upos_i] - at
+        return -1
+
+    cdef int _upos_push(self, Py_ssize_t m) except -1 nogil:
+        cdef Py_ssize_t cap
+        cdef Py_ssize_t* q
+        if self.nupos == self.upos_cap:
+            cap = max(64, 2 * self.upos_cap)
+            q = <Py_ssize_t*> realloc(self.upos, cap * sizeof(Py_ssize_t))
+            if q == NULL:
+                with gil:
+                    raise MemoryError()
+            self.upos = q
+            self.upos_cap = cap
+        self.upos[self.nupos] = m
+        self.nupos += 1
+        return 0
+
     cdef Py_ssize_t _nfc(self, const uint8_t* s, Py_ssize_t n, Py_ssize_t u) except -1 nogil:
         """NFC of a UTF-8 segment whose first F_UNSAFE character is at u, into self.nbuf; returns its length.
         NFC(x + y) = NFC(x) + NFC(y) when y starts with a character that is NFC_QC=Yes with ccc 0 (it has
@@ -2236,7 +2244,7 @@ cdef class Engine:
             o += a - i
             o += self._nfc_span(s + a, b - a, o)
             i = b
-            u = _first_unsafe(s + i, n - i)
+            u = self._next_unsafe(s + i, n - i)     # (_text recorded them all)
         self._nbuf_reserve(o + (n - i) + 1)
         memcpy(self.nbuf + o, s + i, n - i)
         return o + (n - i)
@@ -2343,12 +2351,13 @@ cdef class Engine:
         return x - at
 
     cdef int _segment(self, const uint8_t* s, Py_ssize_t n, bint check) except -1 nogil:
-        """Normalize (when check: the text may hold a character that is not NFC-safe) and split one segment."""
+        """Normalize (when check: the text holds characters that are not NFC-safe, at the offsets _text recorded)
+        and split one segment."""
         cdef Py_ssize_t m, u
         if n == 0:
             return 0
         if self.nfc and check:
-            u = _first_unsafe(s, n)
+            u = self._next_unsafe(s, n)
             if u >= 0:
                 m = self._nfc(s, n, u)
                 return self._scan(self.nbuf, m)
@@ -2413,6 +2422,7 @@ cdef class Engine:
                     raise MemoryError()
             self.u8cap = need
         o = self.u8
+        self.nupos = 0
         if t.kind == 1:
             u1 = <const uint8_t*> t.data
             for k in range(t.len):
@@ -2430,6 +2440,7 @@ cdef class Engine:
                     return 1
                 if _nfc_unsafe(c):
                     check = True
+                    self._upos_push(m)
                 m += _put_utf8(o + m, c)
         else:
             u4 = <const uint32_t*> t.data
@@ -2440,7 +2451,10 @@ cdef class Engine:
                     return 1
                 if _nfc_unsafe(c):
                     check = True
+                    self._upos_push(m)
                 m += _put_utf8(o + m, c)
+        self.ubase = o
+        self.upos_i = 0
         return self._run(o, m, check)
 
     # ------------------------------------------------------------ batches (worker threads) and the Python API
