@@ -446,6 +446,15 @@ def _steal_share(steal_s: float, wall_s: float, cpus: int) -> str:
 
 
 # ---- --peers: the whole run ------------------------------------------------------------------------------------------
+def without_per_document(allcores: dict) -> dict:
+    """The all-cores results without what only the exactness check reads (each document's count and ids digest,
+    the ids file's path): timings stay; the JSON then holds kilobytes per implementation, not megabytes."""
+    return {impl: {k: ({w: {f: x for f, x in load.items() if f not in ("counts", "hashes", "ids")}
+                        for w, load in v.items()} if k == "workloads" and isinstance(v, dict) else v)
+                   for k, v in res.items()} if isinstance(res, dict) else res
+            for impl, res in allcores.items()}
+
+
 def run_peers(impls: list[str], corpus: dict, corpus_path: str, paths: dict, tmpdir: str, trials: int,
               clock: str, all_cpus: str, log: list[str], allcores: bool = True) -> dict:
     """Install the missing peers (requirements-peers.txt), then: ``trials`` rounds of one fresh process per
@@ -498,8 +507,8 @@ def run_peers(impls: list[str], corpus: dict, corpus_path: str, paths: dict, tmp
     exactness = verify_peers(corpus, merged, paths, PEER_SLICES)
     if PEER_REFERENCE in merged and merged[PEER_REFERENCE].get("slices"):
         exactness[PEER_REFERENCE] = {"status": "reference", "docs": {}, "wrong": {}, "wrong_docs": 0}
+    allcores_check = verify_allcores(ac, per_doc=merged.get(PEER_REFERENCE)) if ac else {}
     return {"slices": list(PEER_SLICES), "vocab": bench_vocab(), "peers": peers, "install": install,
             "requirements": reqs, "summary": summarize(corpus, merged, clock, PEER_SLICES), "exactness": exactness,
-            "load_memory": _loads(wres), "allcores": ac,
-            "allcores_check": verify_allcores(ac, per_doc=merged.get(PEER_REFERENCE)) if ac else {},
+            "load_memory": _loads(wres), "allcores": without_per_document(ac), "allcores_check": allcores_check,
             "workers": [{k: v for k, v in r.items() if k != "slices"} for r in wres]}

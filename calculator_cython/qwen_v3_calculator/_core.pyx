@@ -1008,8 +1008,10 @@ cdef class Engine:
                     xfull = j >= 0 and _u8len(s[j]) == k - j
                     if xfull:
                         x = _dec(s, j, &ln)
+                        xfull = x < MAXCP       # else no valid text holds these bytes: a partial character
                     if yfull:
                         y = _dec(s, k, &ln)
+                        yfull = y < MAXCP
                     if xfull and yfull:
                         wfull = jw >= 0 and _u8len(s[jw]) == j - jw
                         kz = k + L
@@ -1019,8 +1021,10 @@ cdef class Engine:
                             zfull = kz + L2 <= n and _allcont(s + kz + 1, L2 - 1)
                         if wfull:
                             w = _dec(s, jw, &ln)
+                            wfull = w < MAXCP
                         if zfull:
                             z = _dec(s, kz, &ln)
+                            zfull = z < MAXCP
                         self._jset(1, x, y, 0, 0)
                         if wfull and zfull:
                             self._jset(5, w, x, y, z)

@@ -194,3 +194,16 @@ def test_the_pins_and_the_installer_bookkeeping():
     st = runner.pip_install([("tiktoken", "0.0.1")], log)  # installed already: kept, no pip call, the pin noted
     assert st["tiktoken"]["action"] == "already installed" and st["tiktoken"]["version"] != "0.0.1"
     assert "pinned" in st["tiktoken"]["note"] and "pinned: 0.0.1" in log[0]
+
+
+def test_the_written_all_cores_results_keep_timings_and_drop_per_document_data():
+    """The committed JSON holds the timings and the exactness verdict, not every document's count and ids digest
+    (which made it 3.5 MB)."""
+    ac = {"fastokens": {"cores": [0, 1], "load": {"load_s": 1.0},
+                        "workloads": {"chat": {"texts": 2, "cold_wall_s": 0.5, "warm_wall_s": [0.4, 0.3],
+                                               "counts": [3, 4], "hashes": [1, 2], "ids": "/tmp/x"}}},
+          "tokie": {"error": "not installed"}}
+    slim = runner.without_per_document(ac)
+    assert slim["fastokens"]["workloads"]["chat"] == {"texts": 2, "cold_wall_s": 0.5, "warm_wall_s": [0.4, 0.3]}
+    assert slim["fastokens"]["cores"] == [0, 1] and slim["tokie"] == {"error": "not installed"}
+    assert "counts" in ac["fastokens"]["workloads"]["chat"]  # the check's input is left as it was

@@ -167,3 +167,31 @@ def test_both_merges_formats_count_the_same(tmp_path, tiny_tokenizer_json):
         ids.append(Calculator(tokenizer=tmp_path / name).encode(text))
         ids.append(tokenizers.Tokenizer.from_file(str(tmp_path / name / "tokenizer.json")).encode(text).ids)
     assert ids[0] == ids[1] == ids[2] == ids[3] and len(ids[0]) > 20  # the cut vocabulary: more, shorter tokens
+
+
+def test_tokens_that_are_no_valid_utf8_load_and_count_like_hf(tmp_path, tiny_tokenizer_json):
+    """A vocabulary may hold byte sequences no valid text has, e.g. past U+10FFFF (lead bytes F5-F7) or a code point
+    over it (F4 90..): the junction table built at load (_core Engine._build_junctions, which indexes per code point)
+    treats them as partial characters; loading does not fail and valid text counts as HF counts it."""
+    from qwen_v3_calculator.hf_export import bytes_to_unicode
+
+    import tokenizers
+
+    u = bytes_to_unicode()
+    spec = json.loads(json.dumps(tiny_tokenizer_json))
+    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+
+    def add(left: bytes, right: bytes):
+        whole = "".join(u[b] for b in left + right)
+        if whole not in vocab:
+            vocab[whole] = len(vocab)
+            merges.append(["".join(u[b] for b in left), "".join(u[b] for b in right)])
+
+    for chain in (b"\xf7\xbf\xbf\xbfab", b"ab\xf4\x90\x80\x80", b"\xf5\x80\x80\x80\xf6\x80\x80\x80"):
+        for k in range(2, len(chain) + 1):
+            add(chain[:k - 1], chain[k - 1:k])
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    text = "ab" * 40 + " Это является важным вопросом; 人力资源" * 5 + " 𝔘𝔫𝔦𝔠𝔬𝔡𝔢" * 20
+    ref = tokenizers.Tokenizer.from_file(str(path))
+    assert Calculator(tokenizer=tmp_path).encode(text) == ref.encode(text).ids
