@@ -27,6 +27,34 @@ cdef extern from "Python.h":          # on borrowed references: no reference cou
 cdef extern from *:
     """
     #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    /* UCS-2 code units u[0:n] to UTF-8 at o + *m up to the first that is not NFC-safe or is a surrogate (stop: a
+       bit per BMP code point); returns how many it converted and advances *m. The common case of _text's loop
+       in a few instructions per character, with no table larger than 8 KiB. */
+    static inline Py_ssize_t qv3_ucs2_run(const uint16_t* u, Py_ssize_t n, uint8_t* o, Py_ssize_t* m,
+                                          const uint8_t* stop) {
+        Py_ssize_t k = 0, mm = *m;
+        for (; k < n; k++) {
+            uint32_t c = u[k];
+            if (c < 0x80) {
+                o[mm++] = (uint8_t) c;
+                continue;
+            }
+            if ((stop[c >> 3] >> (c & 7)) & 1)
+                break;
+            if (c < 0x800) {
+                o[mm] = (uint8_t) (0xC0 | (c >> 6));
+                o[mm + 1] = (uint8_t) (0x80 | (c & 0x3F));
+                mm += 2;
+            } else {
+                o[mm] = (uint8_t) (0xE0 | (c >> 12));
+                o[mm + 1] = (uint8_t) (0x80 | ((c >> 6) & 0x3F));
+                o[mm + 2] = (uint8_t) (0x80 | (c & 0x3F));
+                mm += 3;
+            }
+        }
+        *m = mm;
+        return k;
+    }
     /* Index of the lowest of rk[0:n] (the leftmost on ties) and, in *best, its value: rank and index packed in
        one word, so the loop is a compare and a conditional move per entry (no branch to mispredict). */
     static inline int qv3_argmin(const int32_t* rk, int n, int32_t* best) {
@@ -194,6 +222,7 @@ cdef extern from *:
     bint qv3_wait(const int64_t* exited, int64_t count, long spin_ns) noexcept nogil
     double qv3_now() noexcept nogil
     int qv3_argmin(const int32_t* rk, int n, int32_t* best) noexcept nogil
+    Py_ssize_t qv3_ucs2_run(const uint16_t* u, Py_ssize_t n, uint8_t* o, Py_ssize_t* m, const uint8_t* stop) noexcept nogil
     Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
     int qv3_load_short(const uint8_t* p, Py_ssize_t n, const uint8_t* end, uint64_t* w) noexcept nogil
     uint32_t qv3_seq_begin(const uint32_t* s) noexcept nogil
@@ -288,6 +317,7 @@ DEF SCOUNT = 11172
 # ---------------------------------------------------------------- Unicode tables (module globals)
 cdef uint8_t* CLS = NULL        # F_* flags per code point
 cdef uint8_t* CCC = NULL        # canonical combining class per code point (reference's NFC data)
+cdef uint8_t BMP_STOP[8192]     # bit per BMP code point: not NFC-safe, or a surrogate (_text's fast loop stops)
 cdef uint8_t CI_LETTER[0x180]   # case-insensitive contraction letter ('s','t',...) or 0, cp < 0x180
 cdef uint32_t* DEC_CP = NULL    # sorted code points with a canonical decomposition (non-Hangul)
 cdef int32_t* DEC_OFF = NULL    # offsets into DEC_DATA (n+1 entries)
@@ -359,6 +389,10 @@ def init_unicode_tables(dict data):
     for c in range(0x4000, 0xA000):   # _nfc_unsafe decides these without the table
         if cls[c] & F_UNSAFE:
             raise ValueError(f"U+{c:04X} is not NFC-safe in these tables; _nfc_unsafe assumes U+4000..U+9FFF are")
+    memset(BMP_STOP, 0, sizeof(BMP_STOP))
+    for c in range(0x10000):
+        if (cls[c] & F_UNSAFE) or 0xD800 <= c < 0xE000:
+            BMP_STOP[c >> 3] |= 1 << (c & 7)
     CLS = cls
     CCC = ccc
     _tables_ready = True
@@ -2433,19 +2467,19 @@ cdef class Engine:
                 m += _put_utf8(o + m, u1[k])
         elif t.kind == 2:
             u2 = <const uint16_t*> t.data
-            for k in range(t.len):
-                c = u2[k]
-                if c < 0x80:
-                    o[m] = <uint8_t> c
-                    m += 1
-                    continue
+            k = 0
+            while True:
+                k += qv3_ucs2_run(u2 + k, t.len - k, o, &m, BMP_STOP)
+                if k >= t.len:
+                    break
+                c = u2[k]           # a surrogate, or a character that is not NFC-safe
                 if 0xD800 <= c < 0xE000:
                     self.badpos = k
                     return 1
-                if _nfc_unsafe(c):
-                    check = True
-                    self._upos_push(m)
+                check = True
+                self._upos_push(m)
                 m += _put_utf8(o + m, c)
+                k += 1
         else:
             u4 = <const uint32_t*> t.data
             for k in range(t.len):
