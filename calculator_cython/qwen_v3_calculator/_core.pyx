@@ -299,7 +299,7 @@ DEF CACHE_IDS = 8      # a CacheEnt is 64 bytes: 24 key + 32 ids + seq, klen, ni
 DEF MIN_PARALLEL = 65536  # code points: smaller batches run in the calling thread (handing work to a thread
                           # and collecting it costs tens of microseconds; below this threads did not pay)
 DEF SPIN_NS = 50000    # a threaded batch's caller spins this long for its helpers' last runs, then blocks
-DEF JBLOOM_BITS = 23   # junction filter (1 MiB): the characters around the junctions tokens span (_build_junctions)
+DEF JBLOOM_BITS = 22   # junction filter (512 KiB): the characters around the junctions tokens span (_build_junctions)
 DEF LC_BITS = 13       # long-piece cache: 2**13 direct-mapped entries (192 KiB) ...
 DEF LC_ARENA = 1 << 21 # ... over a 2 MiB ring of the pieces' bytes and ids; both allocated on first use
 DEF LC_MAX = 4096      # longest piece the long-piece cache keeps (bytes)
@@ -1014,7 +1014,8 @@ cdef class Engine:
           at or inside y's right one's (A: it is "xy", or partial characters around it), (x, y, z) when it
           starts there and holds the next character z whole (B), (w, x, y) mirrored (C), (w, x, y, z) (D).
         _cut asks for the keys a text's w x | y z could meet; a false positive of the filter only means a piece
-        is not cut where it could have been, never a different result."""
+        is not cut where it could have been, never a different result. Junctions between two ASCII characters
+        are never cut, and so not recorded (English pieces are short; it halves the filter)."""
         cdef int32_t t
         cdef Py_ssize_t n, k, j, jw, kz, L, L2
         cdef const uint8_t* s
@@ -1046,7 +1047,9 @@ cdef class Engine:
                     if yfull:
                         y = _dec(s, k, &ln)
                         yfull = y < MAXCP
-                    if xfull and yfull:
+                    if xfull and yfull and x < 0x80 and y < 0x80:
+                        pass                    # _cut never cuts between two ASCII characters
+                    elif xfull and yfull:
                         wfull = jw >= 0 and _u8len(s[jw]) == j - jw
                         kz = k + L
                         zfull = False
@@ -1095,6 +1098,8 @@ cdef class Engine:
                           uint32_t z) noexcept nogil:
         """May a piece be cut between x and y (y's first byte at p; w before x and z after y when the piece has
         them): no token spans that point (_build_junctions)."""
+        if x < 0x80 and y < 0x80:
+            return False
         if (self.jopen[x] & 1) or (self.jopen[y] & 2) or (self.jbyte[(<Py_ssize_t> p[-1] << 5) | (p[0] >> 3)] >>
                                                           (p[0] & 7)) & 1:
             return False

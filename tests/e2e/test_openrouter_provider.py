@@ -210,7 +210,7 @@ def test_prices_and_ledger_agree_over_a_token_storm_run(provider, tmp_path):
                            "--model", MODEL, "--api-key", key, "--ledger", str(data / "ledger.sqlite3"),
                            "--check-prices", "--output-dir", str(tmp_path), "--strict", "--no-progress", "--no-plot",
                            "--distribution", "normal", "--input-len", "200", "--output-len", "16", "--turns", "3",
-                           "--concurrency", "4", "--num-requests", "24", "--duration", "60", "--seed", "3"],
+                           "--concurrency", "4", "--num-requests", "24", "--duration", "240", "--seed", "3"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rep = json.loads((tmp_path / "token_storm.json").read_text())

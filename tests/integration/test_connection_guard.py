@@ -111,7 +111,7 @@ def error_of(raw: bytes) -> tuple[str, dict, dict]:
 
 
 def test_idle_and_trickling_connections_are_closed_after_the_header_timeout(serve):
-    server = serve(header_timeout_s=1.5)
+    server = serve(header_timeout_s=2.5)   # 1.3 s of slack after the trickle's last line, for a loaded machine
     t0 = time.monotonic()
     silent = [server.idle() for _ in range(5)]
     trickle = server.idle()
@@ -124,7 +124,7 @@ def test_idle_and_trickling_connections_are_closed_after_the_header_timeout(serv
     for sock in [*silent, trickle]:
         status, _, error = error_of(read_all(sock))
         assert status == "HTTP/1.1 408 Request Timeout" and error["code"] == "request_header_timeout"
-    assert 1.4 <= time.monotonic() - t0 <= 8
+    assert 2.4 <= time.monotonic() - t0 <= 10
     status = server.status()
     assert status["header_timeouts"] == 6 and status["waiting_for_headers"] == 0
 
