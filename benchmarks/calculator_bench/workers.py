@@ -284,24 +284,23 @@ def _tiktoken(paths, info, t0, batch):
     return _loaded(info, t1, "load_tiktoken_bpe + tiktoken.Encoding + first encode", "batch_ids", fn, "tiktoken")
 
 
-def _hf(paths, info, t0, batch):
-    import tokenizers
-    info["import_s"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    tok = tokenizers.Tokenizer.from_file(paths["tokenizer_json"])
-    tok.encode("hello")
-    return _loaded(info, t1, "tokenizers.Tokenizer.from_file(tokenizer.json) + first encode",
-                   "batch_hf" if batch else "per_doc_hf", tok.encode_batch if batch else tok.encode, "tokenizers")
+def _hf_like(module: str, loader: str, dist: str):
+    """Loader of a peer with HF's API (``Tokenizer.<loader>(tokenizer.json)``, ``encode``, ``encode_batch``)."""
+    def load(paths, info, t0, batch):
+        import importlib
+        tokenizer_cls = importlib.import_module(module).Tokenizer
+        info["import_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        tok = getattr(tokenizer_cls, loader)(paths["tokenizer_json"])
+        tok.encode("hello")
+        return _loaded(info, t1, f"{module}.Tokenizer.{loader}(tokenizer.json) + first encode",
+                       "batch_hf" if batch else "per_doc_hf", tok.encode_batch if batch else tok.encode, dist)
+    return load
 
 
-def _fastokens(paths, info, t0, batch):
-    import fastokens
-    info["import_s"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    tok = fastokens.Tokenizer.from_file(paths["tokenizer_json"])
-    tok.encode("hello")
-    return _loaded(info, t1, "fastokens.Tokenizer.from_file(tokenizer.json) + first encode",
-                   "batch_hf" if batch else "per_doc_hf", tok.encode_batch if batch else tok.encode, "fastokens")
+_hf = _hf_like("tokenizers", "from_file", "tokenizers")
+_fastokens = _hf_like("fastokens", "from_file", "fastokens")
+_tokie = _hf_like("tokie", "from_json", "tokie")
 
 
 def _gigatoken(paths, info, t0, batch):
@@ -336,16 +335,6 @@ def _riptoken(paths, info, t0, batch):
             return core.encode_batch([norm(t) for t in texts], allowed)
         return _loaded(info, t1, what, "batch_ids", fn, "riptoken")
     return _loaded(info, t1, what, "per_doc_ids", encode, "riptoken")
-
-
-def _tokie(paths, info, t0, batch):
-    import tokie
-    info["import_s"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    tok = tokie.Tokenizer.from_json(paths["tokenizer_json"])
-    tok.encode("hello")
-    return _loaded(info, t1, "tokie.Tokenizer.from_json(tokenizer.json) + first encode",
-                   "batch_hf" if batch else "per_doc_hf", tok.encode_batch if batch else tok.encode, "tokie")
 
 
 def _bpe_qwen(paths, info, t0, batch):
