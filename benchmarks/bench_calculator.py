@@ -69,10 +69,12 @@ cold (the first pass) and warm (the best of 3 more), every document's ids checke
 implementation with any wrong is reported inexact and not ranked), then each one's own batch call on all cores.
 A peer that cannot be installed, loaded or configured like the reference is listed with the reason.
 
-    .venv/bin/python benchmarks/bench_calculator.py                  # 4 MB mixed corpus, < 5 minutes
-    .venv/bin/python benchmarks/bench_calculator.py --quick          # small corpus, < 1 minute
-    .venv/bin/python benchmarks/bench_calculator.py --corpus-only    # build the corpus, print its sha256 (~15 s)
-    .venv/bin/python benchmarks/bench_calculator.py --peers --vocab qwen3.6 --quick   # the peers, small corpus
+    .venv/bin/python -m benchmarks.bench_calculator                  # 4 MB mixed corpus, < 5 minutes
+    .venv/bin/python -m benchmarks.bench_calculator --quick          # small corpus, < 1 minute
+    .venv/bin/python -m benchmarks.bench_calculator --corpus-only    # build the corpus, print its sha256 (~15 s)
+    .venv/bin/python -m benchmarks.bench_calculator --peers --vocab qwen3.6 --quick   # the peers, small corpus
+
+(from the repository root: the measurements run in ``python -m benchmarks.bench_calculator --_worker`` processes).
 
 Writes ``benchmarks/results/bench_calculator.json`` (and a PNG when matplotlib is importable); with ``--peers``
 ``bench_calculator-peers-<vocab>.{json,png,txt}`` (``--json`` names the JSON; the others go next to it).
@@ -86,21 +88,22 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # calculator_bench/, also when imported as a module
+if not __package__:  # run as a file: `benchmarks` (calculator_bench, the workers) is importable from the root only
+    raise SystemExit("run it from the repository root as: python -m benchmarks.bench_calculator")
 
 # (some names only for the unit tests, which read them as ``bench.X``: tests/unit/test_bench_*.py)
-from calculator_bench.common import (BATCH_DOCS, HEADLINE, IMPLS, LANG_SLICES, MULTITURN,  # noqa: E402,F401
-                                     PEER_PASSES, PEER_REFERENCE, PEER_SLICES, PEERS, RESULTS, ROOT, SEED, SLICES,
-                                     TARGETS)
-from calculator_bench.corpus import (CORPUS_TXT_REL, PINNED, RECIPE, RECORDED_SHA256, REFS_PINNED,  # noqa: E402,F401
-                                     CorpusMismatch, _find_dist, add_multiturn, build_corpus, corpus_banner,
-                                     corpus_recipe, corpus_sha256, multiturn_workload)
-from calculator_bench.report import (markdown_table, peer_slice_table, peers_plot, peers_report,  # noqa: E402,F401
-                                     plot, ranked, report)
-from calculator_bench.runner import (_loads, _spawn, find_mismatches, maybe_install_bpe_qwen,  # noqa: E402
-                                     pin_one_core, run_peers, run_trials, summarize)
-from calculator_bench.workers import (VOCAB_ENV, MachineProbe, _steal_s, batch_inputs, batch_worker,  # noqa: E402,F401
-                                      bench_vocab, worker)
+from benchmarks.calculator_bench.common import (BATCH_DOCS, HEADLINE, IMPLS, LANG_SLICES, MULTITURN,  # noqa: E402,F401
+                                                PEER_PASSES, PEER_REFERENCE, PEER_SLICES, PEERS, RESULTS, ROOT, SEED,
+                                                SLICES, TARGETS)
+from benchmarks.calculator_bench.corpus import (CORPUS_TXT_REL, PINNED, RECIPE, RECORDED_SHA256,  # noqa: E402,F401
+                                                REFS_PINNED, CorpusMismatch, _find_dist, add_multiturn, build_corpus,
+                                                corpus_banner, corpus_recipe, corpus_sha256, multiturn_workload)
+from benchmarks.calculator_bench.report import (markdown_table, peer_slice_table, peers_plot,  # noqa: E402,F401
+                                                peers_report, plot, ranked, report)
+from benchmarks.calculator_bench.runner import (_loads, _spawn, find_mismatches, maybe_install_bpe_qwen,  # noqa: E402
+                                                pin_one_core, run_peers, run_trials, summarize)
+from benchmarks.calculator_bench.workers import (VOCAB_ENV, MachineProbe, _steal_s, batch_inputs,  # noqa: E402,F401
+                                                 batch_worker, bench_vocab, worker)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """Capacity 429s under overload: p99 TTFT of the admitted requests and the share refused, max_queue_wait_s on vs off.
 
-    .venv/bin/python benchmarks/bench_capacity.py --out docs/results/capacity/demo.json
+    .venv/bin/python -m benchmarks.bench_capacity --out docs/results/capacity/demo.json
 
 Two demo servers (gateway on, spike breaker off) run side by side, each pinned to its own core (its OpenMP thread
 bound there too): side ``off`` (max_queue_wait_s=0, stock queueing) and side ``on`` (max_queue_wait_s=W). One
@@ -22,11 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from qwen_vllm_ext.bench.server import ServeProcess  # noqa: E402
-from qwen_vllm_ext.demo import SERVED_NAME  # noqa: E402
+from qwen_vllm_ext.bench.server import ServeProcess
+from qwen_vllm_ext.demo import SERVED_NAME
 
 
 def start(label: str, wait_s: float, core: int, tmp: Path) -> dict:

@@ -1,6 +1,6 @@
 """Router policies for multi-turn conversations, and what a second replica costs on this machine -- one run.
 
-    .venv/bin/python benchmarks/bench_fleet.py [--replicas 2,3] [--sessions 8] [--turns 10] [--rate 0.5] \
+    .venv/bin/python -m benchmarks.bench_fleet [--replicas 2,3] [--sessions 8] [--turns 10] [--rate 0.5] \
         [--serve-arg=--block-size=32 ...] [--out DIR]
 
 1. For each N of ``--replicas``: ``python -m qwen_vllm_ext.fleet --replicas N`` (demo model, local Redis, gateway

@@ -435,11 +435,11 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
     from qwen_v3_calculator import Calculator
     from qwen_v3_calculator.billing import get_policy
     from qwen_vllm_ext.config import Settings
-    from qwen_vllm_ext.common.context import ServerContext, request_context
+    from qwen_vllm_ext.common.context import request_context
     from qwen_vllm_ext.gateway.admission import Served
     from qwen_vllm_ext.keys import KeyCache, SqliteKeyStore
     from qwen_vllm_ext.gateway.limiter import SqliteLimiter
-    from qwen_vllm_ext.gateway.middleware import GatewayMiddleware
+    from qwen_vllm_ext.gateway.middleware import GatewayMiddleware, GatewayState
     from qwen_vllm_ext.gateway.spike import SpikeBreaker
     from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
@@ -468,9 +468,9 @@ def gateway_cpu_ms_per_request(n: int = 500, history: int = 0) -> float:
 
     gateway = GatewayMiddleware(app, settings=settings, keys=KeyCache(keys), limiter=limiter,
                                 policy=get_policy("default"), on_spike=breaker.observe_sync,
-                                inline_limiter=limiter.nonblocking())
-    state = types.SimpleNamespace(qwen_vllm_ext=ServerContext(settings=settings,
-                                                                admission=Served(Calculator(), 4096, names=("m",))))
+                                inline_limiter=limiter.nonblocking(),
+                                state=GatewayState(admission=Served(Calculator(), 4096, names=("m",))))
+    state = types.SimpleNamespace()
     texts = prompts(64, SEED)
 
     async def one(i):

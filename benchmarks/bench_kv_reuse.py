@@ -1,8 +1,8 @@
 """KV-cache reuse across chat turns: M conversations x 10 turns against the demo server, three server modes in one run.
 
-    .venv/bin/python benchmarks/bench_kv_reuse.py [--conversations 2] [--turns 10] [--block-size 32]
-    .venv/bin/python benchmarks/bench_kv_reuse.py --model qwen36-demo [--conversations 4]   # the hybrid demo
-    .venv/bin/python benchmarks/bench_kv_reuse.py --model qwen36-demo --answers generated   # answer reuse
+    .venv/bin/python -m benchmarks.bench_kv_reuse [--conversations 2] [--turns 10] [--block-size 32]
+    .venv/bin/python -m benchmarks.bench_kv_reuse --model qwen36-demo [--conversations 4]   # the hybrid demo
+    .venv/bin/python -m benchmarks.bench_kv_reuse --model qwen36-demo --answers generated   # answer reuse
 
 With ``--model qwen36-demo`` (see ``run_hybrid``): the hybrid demo under the official Qwen3.5 template, canned
 answers of 20-600 tokens, thinking on and off, one server per mode of :data:`HYBRID_MODES` (the product's turn

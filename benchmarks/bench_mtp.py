@@ -20,7 +20,7 @@ keeps the reasoning, closed, with an answer after it):
 * **decode ms/token** (per request: (elapsed - TTFT) / (tokens - 1), summed over the turns): off (script) vs off
   (salted replay) is the A/A pair; on vs off is the MTP effect. Draft acceptance from vLLM's spec-decode counters.
 
-    python benchmarks/bench_mtp.py --out docs/results/mtp/mtp-demo.json
+    python -m benchmarks.bench_mtp --out docs/results/mtp/mtp-demo.json
 """
 from __future__ import annotations
 
@@ -33,10 +33,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from qwen_vllm_ext.bench.server import ServeProcess  # noqa: E402
-from qwen_vllm_ext.kv.reuse import common_prefix  # noqa: E402
+from qwen_vllm_ext.bench.server import ServeProcess
+from qwen_vllm_ext.kv.reuse import common_prefix
 
 UNIT = 16
 VARIANTS = ("qwen36-mtp-demo", "qwen36-mtp-half", "qwen36-mtp-accept")

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Token-weighted admission scheduler vs vLLM's FCFS on the real vLLM CPU engine, in one run.
 
-Traces (seeded, the same for both policies at a load level; open-loop Poisson arrivals):
+Traces (seeded, the same for both policies at a load level; open-loop Poisson arrivals;
+``qwen_vllm_ext.bench.scheduler_traces``, shared with the simulator ``sim_scheduler.py``):
 
 * ``longtail`` — 90% short prompts (32–384 tokens, log-uniform), 10% long prompts (2,000–3,500 tokens),
   16–64 output tokens each (``ignore_eos``: every request decodes exactly that many);
@@ -53,9 +54,11 @@ column), count preemptions, and record every step's composition (requests, token
 decode context) and where its time went (``schedule()``, the model step, ``update_from_output()``) under
 ``per_step`` in the raw JSON: ``sim_scheduler.py --fit`` fits its step-cost model to those records.
 
-    .venv/bin/python benchmarks/bench_scheduler.py --quick --model demo          # smoke run, ~1.5 minutes
-    .venv/bin/python benchmarks/bench_scheduler.py --model demo --sides fcfs,fcfs --requests 600   # A/A, ~15 min
-    .venv/bin/python benchmarks/bench_scheduler.py --model demo --requests 600                     # A/B, ~15 min
+    .venv/bin/python -m benchmarks.bench_scheduler --quick --model demo          # smoke run, ~1.5 minutes
+    .venv/bin/python -m benchmarks.bench_scheduler --model demo --sides fcfs,fcfs --requests 600   # A/A, ~15 min
+    .venv/bin/python -m benchmarks.bench_scheduler --model demo --requests 600                     # A/B, ~15 min
+
+(from the repository root: the module imports the simulator, ``benchmarks.sim_scheduler``, for its prediction).
 
 Writes the summary JSON (``--out``, default ``benchmarks/results/bench_scheduler.json``; cells, intervals, the
 prediction), the raw JSON (``--raw``: every request and step), a PNG of the TTFT CDFs next to the summary, and the
@@ -64,6 +67,7 @@ workers' logs under ``benchmarks/results/bench_scheduler_logs/``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -75,83 +79,23 @@ import tempfile
 import time
 
 from qwen_vllm_ext.bench.paired import TARGETS, judge, ratio_interval
+# the traces, the engine settings and the per-run metrics (shared with sim_scheduler.py)
+from qwen_vllm_ext.bench.scheduler_traces import (ENGINE_KW, LONG_RANGE, OUT_RANGE, SHORT_RANGE, TRACE_SPECS,
+                                                  make_arrivals, make_mix, pooled, summarize)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
-MODULE = "bench_scheduler"  # importable in the engine core: HERE is put on PYTHONPATH
+MODULE = "benchmarks.bench_scheduler"  # importable in the engine core: ROOT is put on PYTHONPATH
 POLICIES = ("fcfs", "tw")
 POLICY_NAMES = {"fcfs": "FCFS", "tw": "token-weighted"}
 OUTPUT_WEIGHT = 0.7
 OUTPUT_CAP = 1024
 
-ENGINE_KW = dict(enforce_eager=True, dtype="float32", max_num_seqs=32, max_num_batched_tokens=2048,
-                 max_model_len=4096, seed=0)
-
-TRACE_SPECS = {
-    "longtail": {"long_frac": 0.10, "burst": None},
-    # period_s: None = a third of the trace's expected duration (n / rate), so every run sees ~3 bursts.
-    "burst": {"long_frac": 0.05, "burst": {"period_s": None, "window_frac": 0.25, "factor": 4.0}},
-}
-SHORT_RANGE = (32, 384)
-LONG_RANGE = (2000, 3500)
-OUT_RANGE = (16, 64)
-
 
 # ---------------------------------------------------------------------------------------------------------
-# Traces
+# Traces (qwen_vllm_ext.bench.scheduler_traces): the prompts
 # ---------------------------------------------------------------------------------------------------------
-def make_mix(kind: str, n: int, seed: int) -> list[dict]:
-    """Request sizes of a trace (the same for every rate): prompt_len, max_tokens, token seed."""
-    spec = TRACE_SPECS[kind]
-    rng = random.Random(f"{kind}-{seed}-mix")
-    n_long = max(1, round(n * spec["long_frac"]))
-    is_long = [True] * n_long + [False] * (n - n_long)
-    rng.shuffle(is_long)
-    mix = []
-    for i, long_ in enumerate(is_long):
-        if long_:
-            plen = rng.randint(*LONG_RANGE)
-        else:
-            lo, hi = SHORT_RANGE
-            plen = int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
-        mix.append({"i": i, "prompt_len": plen, "max_tokens": rng.randint(*OUT_RANGE), "long": long_,
-                    "token_seed": rng.randrange(1 << 30)})
-    return mix
-
-
-def make_arrivals(kind: str, n: int, rate: float, seed: int) -> list[float]:
-    """Open-loop Poisson arrival times (s from the trace start) at mean ``rate`` req/s (piecewise-constant rate
-    for ``burst``; exact: the exponential is memoryless, so a draw crossing a rate change restarts there)."""
-    spec = TRACE_SPECS[kind]
-    rng = random.Random(f"{kind}-{seed}-arrivals")
-    burst = spec["burst"]
-    if burst is None:
-        t, out = 0.0, []
-        for _ in range(n):
-            t += rng.expovariate(rate)
-            out.append(t)
-        return out
-    period = burst["period_s"] or n / rate / 3.0
-    window, factor = burst["window_frac"] * period, burst["factor"]
-    base = rate * period / (period - window + factor * window)
-    # Burst window at the END of each period: the trace starts with a quiet stretch. Segments are walked by
-    # index (no float round-off can leave a draw stuck on a boundary).
-    seg, t, out = 0, 0.0, []
-    while len(out) < n:
-        k, burst_seg = divmod(seg, 2)
-        lam = base * factor if burst_seg else base
-        boundary = k * period + (period if burst_seg else period - window)
-        t = max(t, k * period + (period - window if burst_seg else 0.0))
-        dt = rng.expovariate(lam)
-        if t + dt >= boundary:
-            seg += 1
-            continue
-        t += dt
-        out.append(t)
-    return out
-
-
 def prompt_ids(req: dict, vocab_size: int = 151936, salt: str = "") -> list[int]:
     """The request's prompt: random ids from its token seed (and the job's salt: one engine replays a trace at
     several loads, and a prompt seen before would hit the prefix cache)."""
@@ -184,8 +128,8 @@ def _make_recording(base):
             if getattr(self.waiting, "gate", None) is not None:
                 self._bench_gate_open += not self.waiting.exact
             # Step composition, the cost-model data of sim_scheduler.py: requests, tokens, prefill tokens, prefill
-            # and decode context (qwen_vllm_ext.scheduling.vllm_scheduler.step_composition).
-            from qwen_vllm_ext.scheduling.vllm_scheduler import step_composition
+            # and decode context (qwen_vllm_ext.scheduling.engine_costs.step_composition).
+            from qwen_vllm_ext.scheduling.engine_costs import step_composition
 
             self._bench_comp.append([time.time(), dt_sched, *step_composition(self.requests, out)])
             if out.preempted_req_ids:
@@ -243,7 +187,7 @@ def _make_recording(base):
 _CLASSES: dict[str, type] = {}
 
 
-def __getattr__(name: str):  # PEP 562: vLLM resolves "bench_scheduler.BenchFCFSScheduler" lazily
+def __getattr__(name: str):  # PEP 562: vLLM resolves "benchmarks.bench_scheduler.BenchFCFSScheduler" lazily
     if name in ("BenchFCFSScheduler", "BenchTokenWeightedScheduler"):
         if name not in _CLASSES:
             if name == "BenchFCFSScheduler":
@@ -416,16 +360,8 @@ def worker(spec_path: str, out_path: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Parent: orchestration, metrics, report
+# Parent: orchestration, metrics (qwen_vllm_ext.bench.scheduler_traces.summarize), report
 # ---------------------------------------------------------------------------------------------------------
-def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    rank = max(1, math.ceil(q * len(s)))
-    return float(s[min(rank, len(s)) - 1])
-
-
 def start_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_name: str, model: str,
                  probe: bool = False, cpu: int | None = None, barrier: str | None = None, side: int = 0) -> dict:
     """Start one worker process: a fresh engine with ``policy``'s scheduler (``SIDE_CLASSES``) replaying ``jobs``
@@ -439,7 +375,7 @@ def start_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_n
         json.dump({"policy": policy, "jobs": jobs, "model": model, "probe": probe, "barrier": barrier, "side": side}, f)
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    env["PYTHONPATH"] = HERE + os.pathsep + ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")  # the `benchmarks` package
     env["BENCH_SCHED_STATS"] = os.path.join(tmp, "steps.json")
     env["QWEN_VLLM_EXT_INSTANCE_DIR"] = os.path.join(tmp, "instance")
     # the class comes from scheduler_cls; the setting says only whether the policy sits behind the overload gate
@@ -449,7 +385,7 @@ def start_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_n
         if k.startswith("QWEN_VLLM_EXT_SCHED_"):
             del env[k]
     env.update(sched_env)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", spec_path, out_path]
+    cmd = [sys.executable, "-m", MODULE, "--worker", spec_path, out_path]
     if cpu is not None and cpu >= 0:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
         cmd = ["taskset", "-c", str(cpu)] + cmd
@@ -494,60 +430,6 @@ def run_worker(policy: str, jobs: list[dict], sched_env: dict[str, str], log_nam
                probe: bool = False) -> dict:
     """One worker process, waited for."""
     return finish_workers([start_worker(policy, jobs, sched_env, log_name, model, probe)])[0]
-
-
-def summarize(run: dict, slo: float) -> dict:
-    reqs = run["requests"]
-    ttft = [r["ttft"] for r in reqs]
-    span = run["t_end"] - run["t_first_arrival"]
-    out_tokens = sum(r["out_tokens"] for r in reqs)
-    by_len = sorted(reqs, key=lambda r: (r["prompt_len"], r["i"]))
-    decile = by_len[len(by_len) - max(1, len(by_len) // 10):]
-    good = [r for r in reqs if r["ttft"] <= slo]
-    steps = run.get("steps") or []
-    multi = [s[2] for s in steps if s[1] >= 2]
-    qs = run.get("qwen_stats") or {}
-    comp = run.get("comp") or []
-    return {
-        "requests": len(reqs),
-        "ttft_mean_s": sum(ttft) / len(ttft),
-        "ttft_p50_s": quantile(ttft, 0.5),
-        "ttft_p99_s": quantile(ttft, 0.99),
-        "long_decile_p99_ttft_s": quantile([r["ttft"] for r in decile], 0.99),
-        "long_decile_min_prompt": decile[0]["prompt_len"],
-        "output_tok_s": out_tokens / span,
-        "span_s": span,
-        "goodput_req_s": len(good) / span,
-        "slo_attainment": len(good) / len(reqs),
-        "admitted_weight_std_mean": (sum(multi) / len(multi)) if multi else 0.0,
-        "admit_steps": len(steps),
-        "mean_admitted_per_step": (sum(s[1] for s in steps) / len(steps)) if steps else 0.0,
-        "qwen_stats_weight_std_mean": qs.get("admitted_weight_std_mean"),
-        "max_wait_admissions": qs.get("max_wait_admissions"),
-        "client_lag_p99_s": quantile([r["sent_lag"] for r in reqs], 0.99),
-        "schedule_ms_per_step": (1000 * sum(c[1] for c in comp) / len(comp)) if comp else None,
-        "engine_steps": len(comp),
-        "tokens_per_step": (sum(c[3] for c in comp) / len(comp)) if comp else None,
-        "preempted": run.get("preempted"),
-        # Engine-core time outside schedule(), the model step and update_from_output(): from the end of one step's
-        # update to the start of the next schedule() (input processing, waiting for requests when idle).
-        "between_steps_s": sum(max(0.0, (b[0] - b[1]) - (a[0] + a[7] + a[8]))
-                               for a, b in zip(comp, comp[1:]) if len(a) >= 9 and b[0] - a[0] < 5.0) if comp else None,
-    }
-
-
-def pooled(runs: list[dict]) -> dict:
-    """Pool several traces' runs: requests concatenated; throughput = total tokens / total span."""
-    reqs, span, steps, comp, preempted = [], 0.0, [], [], None
-    for r in runs:
-        reqs += r["requests"]
-        span += r["t_end"] - r["t_first_arrival"]
-        steps += r.get("steps") or []
-        comp += r.get("comp") or []
-        if r.get("preempted") is not None:
-            preempted = (preempted or 0) + r["preempted"]
-    return {"requests": reqs, "t_first_arrival": 0.0, "t_end": span, "steps": steps, "comp": comp,
-            "preempted": preempted}
 
 
 def fmt(x, nd=2):
@@ -711,6 +593,10 @@ def main() -> int:
     if len(sides) != 2 or any(x not in SIDE_CLASSES for x in sides):
         raise SystemExit(f"--sides {args.sides!r}: two of {', '.join(SIDE_CLASSES)}")
     sched_env = dict(kv.split("=", 1) for kv in args.sched)
+    predict = sides[0] != sides[1] and sorted(sides) in (["fcfs", "tw"], ["auto", "fcfs"]) and not args.no_predict
+    if predict and importlib.util.find_spec("benchmarks") is None:  # imported after the run: checked before it
+        raise SystemExit("the prediction imports benchmarks.sim_scheduler: run python -m benchmarks.bench_scheduler "
+                         "from the repository root (or pass --no-predict)")
     out_path = args.out or os.path.join(RESULTS, "bench_scheduler_quick.json" if args.quick else "bench_scheduler.json")
     raw_path = args.raw or os.path.join(RESULTS, os.path.basename(out_path)[:-5] + ".raw.json")
     os.makedirs(RESULTS, exist_ok=True)
@@ -769,11 +655,11 @@ def main() -> int:
             raw["per_step"][f"x{o['load']}-{sides[i]}"].append({o["trace"]: {"t0": o["runs"][i]["t0"],
                                                                               "comp": o["runs"][i].get("comp", [])}})
     prediction = None
-    if sides[0] != sides[1] and sorted(sides) in (["fcfs", "tw"], ["auto", "fcfs"]) and not args.no_predict:
-        import sim_scheduler  # the simulator, on the same traces at the same rates
+    if predict:
+        from benchmarks.sim_scheduler import predict_paired  # the simulator, on the same traces at the same rates
 
         flip = sides[0] in TOKEN_WEIGHTED_SIDES
-        prediction = sim_scheduler.predict_paired(raw, args.slo, invert=flip)
+        prediction = predict_paired(raw, args.slo, invert=flip)
     table = report(cells, loads, traces, sides, prediction)
     all_pass = all(cells[str(load)]["all"]["pass"] for load in loads)
     elapsed = time.time() - t_run
@@ -782,7 +668,7 @@ def main() -> int:
     print(f"overall (traces pooled, every load): {'PASS' if all_pass else 'FAIL'}; run time {elapsed / 60:.1f} min")
     result = {
         "benchmark": "bench_scheduler", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "command": " ".join(["benchmarks/bench_scheduler.py"] + sys.argv[1:]),
+        "command": " ".join(["python -m benchmarks.bench_scheduler"] + sys.argv[1:]),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "engine": {**ENGINE_KW, "model": f"generated Qwen3, variant {args.model} (float32, CPU)",
                    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")},

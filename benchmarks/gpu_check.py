@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The prepared GPU check (issue #23): one unattended command that leaves one JSON and one PNG.
 
-    .venv/bin/python benchmarks/gpu_check.py                  # on one H100/H200 (or A100): about 15 minutes
-    .venv/bin/python benchmarks/gpu_check.py --cpu-smoke      # the demo architecture on this CPU: about 3 minutes
+    .venv/bin/python -m benchmarks.gpu_check                  # on one H100/H200 (or A100): about 15 minutes
+    .venv/bin/python -m benchmarks.gpu_check --cpu-smoke      # the demo architecture on this CPU: about 3 minutes
 
 The model is a Qwen3-8B-architecture config written by the demo builder (real Qwen3 tokenizer and chat template)
 served with ``--load-format dummy`` (random weights, nothing downloaded); ``--cpu-smoke`` serves the demo model's
@@ -44,12 +44,10 @@ from pathlib import Path
 
 import httpx
 
+from qwen_vllm_ext.bench.server import ServeProcess, ServerStartError
+from qwen_vllm_ext.demo import QWEN3_8B, SERVED_NAME, write_config_only
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from qwen_vllm_ext.bench.server import ServeProcess, ServerStartError  # noqa: E402
-from qwen_vllm_ext.demo import QWEN3_8B, SERVED_NAME, write_config_only  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 
 # Workloads: (GPU, CPU smoke). TokenStorm arguments beyond the server, model and output directory.

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What one kept recurrent state (a prefix-cache checkpoint) costs on hybrid Qwen models, from their configs.
 
-    .venv/bin/python benchmarks/hybrid_state_bytes.py [--tp 1] [--config path/to/config.json ...]
-    .venv/bin/python benchmarks/hybrid_state_bytes.py --plan [--context 8192] [--reserve-gib 4]
+    .venv/bin/python -m benchmarks.hybrid_state_bytes [--tp 1] [--config path/to/config.json ...]
+    .venv/bin/python -m benchmarks.hybrid_state_bytes --plan [--context 8192] [--reserve-gib 4]
 
 ``--plan``: the GPU memory plan (issue 48) of Qwen3.6-27B and Qwen3.6-35B-A3B at tensor-parallel 1 on the GPU
 profiles' cards, bf16 and FP8 weights (``qwen_vllm_ext.kv.checkpoints.memory_plan``: the pool, blocks, states that
@@ -25,12 +25,9 @@ import argparse
 import json
 import math
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from qwen_vllm_ext.demo import HYBRID_CONFIG  # noqa: E402
-from qwen_vllm_ext.kv.checkpoints import memory_plan, state_bytes  # noqa: E402
+from qwen_vllm_ext.demo import HYBRID_CONFIG
+from qwen_vllm_ext.kv.checkpoints import memory_plan, state_bytes
 
 # text_config fields of the published checkpoints (Qwen/Qwen3.6-27B, Qwen/Qwen3.6-35B-A3B): 3 Gated DeltaNet layers
 # to 1 gated-attention layer, a float32 recurrent state (mamba_ssm_dtype), bf16 weights

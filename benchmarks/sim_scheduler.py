@@ -7,8 +7,8 @@ per-step records (``--fit``: a ``bench_scheduler.py`` results JSON, which record
 it to explore policy settings; confirm on the real engine with ``bench_scheduler.py``. ``--fit`` also replays the
 real run's traces at its rates and prints simulated next to measured figures, so the model's fidelity is visible.
 
-    .venv/bin/python benchmarks/sim_scheduler.py --fit benchmarks/results/bench_scheduler.json
-    .venv/bin/python benchmarks/sim_scheduler.py --fit benchmarks/results/bench_scheduler.json \\
+    .venv/bin/python -m benchmarks.sim_scheduler --fit benchmarks/results/bench_scheduler.json
+    .venv/bin/python -m benchmarks.sim_scheduler --fit benchmarks/results/bench_scheduler.json \\
         --seeds 0,1,2 --config fixed:AGING_LOAD_EXPONENT=0 --config scaled2:AGING_HALF_LIFE_S=0.6,AGING_LOAD_EXPONENT=2
 
 ``--config NAME:KEY=VALUE,...`` (repeatable) names a token-weighted configuration; keys are ``sched_*`` settings
@@ -24,7 +24,7 @@ in docs/results/scheduler.md), run with that launcher profile's batch limits (``
 ``bench_scheduler.py`` runs of the two CPU benchmark models (the command that fitted each is stored with it), run with
 the CPU benchmark's batch limits. No fidelity section (there is no real run to compare with):
 
-    .venv/bin/python benchmarks/sim_scheduler.py --cost-model a100-80gb --loads 0.8,1.2,1.7 --seeds 0,1,2
+    .venv/bin/python -m benchmarks.sim_scheduler --cost-model a100-80gb --loads 0.8,1.2,1.7 --seeds 0,1,2
 """
 from __future__ import annotations
 
@@ -37,13 +37,12 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
 
-import bench_scheduler as bench  # noqa: E402  (traces, metrics: the same code as the real benchmark)
-
+# traces, engine settings, metrics: the same code as the real benchmark (bench_scheduler.py)
+from qwen_vllm_ext.bench.scheduler_traces import ENGINE_KW, make_arrivals, make_mix, pooled, summarize  # noqa: E402
 from qwen_vllm_ext.scheduling.policy import SETTING_PREFIX, PolicyConfig  # noqa: E402
 from qwen_vllm_ext.scheduling.sim import StepCostModel, fit_cost_model, simulate  # noqa: E402
 
@@ -91,7 +90,7 @@ def parse_config(text: str) -> tuple[str, PolicyConfig, bool]:
         raise SystemExit(f"--config {text!r}: {exc}") from None
 
 
-ENGINE = {k: bench.ENGINE_KW[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
+ENGINE = {k: ENGINE_KW[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
 """The simulated engine's batch limits: the CPU benchmark's, or a GPU profile's with ``--cost-model``."""
 
 
@@ -104,7 +103,7 @@ def run_traces(model_dir: str, traces: list[str], n: int, rates: dict[str, float
                token_weighted: bool, policy: PolicyConfig | None, auto: bool = False) -> dict[str, dict]:
     out = {}
     for kind in traces:
-        out[kind] = simulate(model_dir, bench.make_mix(kind, n, seed), bench.make_arrivals(kind, n, rates[kind], seed),
+        out[kind] = simulate(model_dir, make_mix(kind, n, seed), make_arrivals(kind, n, rates[kind], seed),
                              cost, token_weighted=token_weighted, policy=policy, warm=WARM.get(kind), auto=auto,
                              **ENGINE)
     return out
@@ -129,8 +128,8 @@ def stored_cost_model(name: str) -> tuple[StepCostModel, dict]:
 
 
 def summaries(runs: dict[str, dict], traces: list[str], slo: float) -> dict[str, dict]:
-    s = {kind: bench.summarize(runs[kind], slo) for kind in traces}
-    s["all"] = bench.summarize(bench.pooled([runs[k] for k in traces]), slo)
+    s = {kind: summarize(runs[kind], slo) for kind in traces}
+    s["all"] = summarize(pooled([runs[k] for k in traces]), slo)
     return s
 
 
@@ -233,7 +232,7 @@ def main() -> int:
     medians = median_table(table)
     intervals = interval_table(table, traces)
     print(f"({time.time() - t_start:.0f} s)")
-    out = args.out or os.path.join(bench.RESULTS, "sim_scheduler" + (f"_{args.cost_model}" if args.cost_model else "")
+    out = args.out or os.path.join(RESULTS, "sim_scheduler" + (f"_{args.cost_model}" if args.cost_model else "")
                                    + ".json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
@@ -331,7 +330,7 @@ def simulated_capacity(model_dir: str, traces: list[str], cost: StepCostModel, e
     slot) in req/s, and that run's step-cost fit (the warm start of the token-weighted runs)."""
     cap, warm = {}, {}
     for kind in traces:
-        mix = bench.make_mix(kind, max(120, 3 * engine["max_num_seqs"]), 1000)
+        mix = make_mix(kind, max(120, 3 * engine["max_num_seqs"]), 1000)
         run = simulate(model_dir, mix, [0.0] * len(mix), cost, token_weighted=False, **engine)
         cap[kind] = len(mix) / (run["t_end"] - run["t0"])
         warm[kind] = run["warm"]
@@ -374,11 +373,11 @@ def predict_paired(raw: dict, slo: float, invert: bool = False, config: tuple | 
         for seed in raw["seeds"]:
             runs = {}
             for tw in (False, True):
-                runs[tw] = [simulate(model_dir, bench.make_mix(kind, n, seed),
-                                     bench.make_arrivals(kind, n, load * raw["capacity"][kind]["req_s"], seed), cost,
+                runs[tw] = [simulate(model_dir, make_mix(kind, n, seed),
+                                     make_arrivals(kind, n, load * raw["capacity"][kind]["req_s"], seed), cost,
                                      token_weighted=tw, policy=policy if tw else None, warm=warm.get(kind) if tw else None,
                                      auto=auto and tw, **engine) for kind in traces]
-            f, t = (bench.summarize(bench.pooled(runs[x]), slo) for x in (False, True))
+            f, t = (summarize(pooled(runs[x]), slo) for x in (False, True))
             per_seed.append({m: (ratio(f[m], t[m]) if invert else ratio(t[m], f[m])) for m, *_ in METRICS})
             per_seed[-1]["absolute"] = {"fcfs": {m: f[m] for m, *_ in METRICS}, "tw": {m: t[m] for m, *_ in METRICS}}
         cells[str(load)] = {m: math.exp(sum(math.log(p[m]) for p in per_seed) / len(per_seed))

@@ -15,6 +15,7 @@ Pure Python: no vLLM import.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from .scheduling.policy import SCHEDULER_MODES, SETTING_PREFIX, PolicyConfig, Po
 ENV_PREFIX = "QWEN_VLLM_EXT_"
 NESTED_POLICY = "scheduler"  # the Settings field holding the scheduler policy (settings sched_*)
 RESOLVED_ENV = "QWEN_VLLM_EXT_SETTINGS"
+_CURRENT: tuple[tuple, Any] | None = None  # Settings.current(): (the environment it was resolved from, settings)
 ADDITIONAL_CONFIG_KEY = "qwen_vllm_ext"
 
 
@@ -329,6 +331,14 @@ class Settings:
             raise SettingsError(f"setting 'spike_webhook' must be an http(s) URL, got {settings.spike_webhook!r}")
         return settings
 
+    @functools.cached_property
+    def billing(self):
+        """The billing object (``qwen_v3_calculator.billing.Billing``: policy + prices), built once per settings
+        object (and the settings once per process: :meth:`current`) and passed to whatever bills."""
+        from qwen_v3_calculator.billing import Billing, get_policy
+
+        return Billing(get_policy(self.billing_policy), self.prices())
+
     def prices(self):
         """The provider's prices (``qwen_v3_calculator.billing.Prices``), or None when no price is set."""
         if not (self.price_prompt or self.price_completion or self.price_cache_read or self.price_request):
@@ -378,11 +388,14 @@ class Settings:
 
     @classmethod
     def current(cls) -> "Settings":
-        """Settings of this process: the launcher's resolved JSON if present, else from the environment."""
-        blob = os.environ.get(RESOLVED_ENV)
-        if blob:
-            return cls.from_flat(json.loads(blob))
-        return cls.resolve()
+        """Settings of this process: the launcher's resolved JSON if present, else from the environment. Resolved
+        once: later calls return the same (frozen) object while the ``QWEN_VLLM_EXT_*`` environment is unchanged."""
+        global _CURRENT
+        key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX)))
+        if _CURRENT is None or _CURRENT[0] != key:
+            blob = os.environ.get(RESOLVED_ENV)
+            _CURRENT = (key, cls.from_flat(json.loads(blob)) if blob else cls.resolve())
+        return _CURRENT[1]
 
     def to_json(self) -> str:
         return json.dumps(self.flat(), sort_keys=True)

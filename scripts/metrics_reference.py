@@ -17,7 +17,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # run as a file (scripts/ is no package): this checkout's catalog, not an installed one
+    sys.path.insert(0, str(ROOT))
 
 from qwen_vllm_ext.observability.catalog import METRICS, TOP_KEYS, TOP_WINDOW_S  # noqa: E402
 

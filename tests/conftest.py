@@ -1,18 +1,9 @@
-"""Shared test helpers."""
+"""The suite's shared fixtures and hooks (shared test data and clients: tests/helpers/)."""
 import stat
 
 import pytest
 
 from .redis_server import RedisServer
-
-NVIDIA_SMI_LINES = {
-    "a100-80gb": "0, NVIDIA A100-SXM4-80GB, 81920, [N/A]",
-    "a100-40gb": "0, NVIDIA A100-SXM4-40GB, 40960, [N/A]",
-    "a100-mig": "0, NVIDIA A100-SXM4-80GB, 81920, Enabled",
-    "h100-80gb": "0, NVIDIA H100 80GB HBM3, 81559, Disabled",
-    "h200-141gb": "0, NVIDIA H200, 143771, Disabled",
-    "l4": "0, NVIDIA L4, 23034, [N/A]",
-}
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import re
 
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
-SCRIPT = os.path.join(HERE, "bench_calculator.py")  # the command; its --_worker mode runs the measurements
 ROOT = os.path.dirname(HERE)
+MODULE = "benchmarks.bench_calculator"  # the command (python -m, ROOT on PYTHONPATH); its --_worker mode measures
 RESULTS = os.path.join(HERE, "results")
 SEED = 20250611
 BASE_SLICES = ("mixed", "zh", "en", "code", "chat")  # from package data; corpus_sha256 covers these

@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 
-from .common import (MULTITURN, PEER_PASSES, PEER_REFERENCE, PEER_SLICES, PEERS, PEERS_REQUIREMENTS, REFERENCE, SCRIPT,
-                     SLICES)
+from .common import (MODULE, MULTITURN, PEER_PASSES, PEER_REFERENCE, PEER_SLICES, PEERS, PEERS_REQUIREMENTS, REFERENCE,
+                     ROOT, SLICES)
 from .workers import _load_bpe_qwen, bench_vocab, tiktoken_exact
 
 
@@ -109,13 +109,14 @@ def maybe_install_bpe_qwen(log: list[str]) -> None:
 def _spawn(impl: str, slices: list[str], corpus_path: str, passes: int, tmpdir: str, timeout: float,
            tag: str = "", cpus: str = "", ids_dir: str = "", verify: bool = False, env: dict | None = None) -> dict:
     out = os.path.join(tmpdir, f"w-{impl}-{'+'.join(slices)}{tag}.json")
-    cmd = [sys.executable, SCRIPT, "--_worker", impl, "--_slices", ",".join(slices),
+    cmd = [sys.executable, "-m", MODULE, "--_worker", impl, "--_slices", ",".join(slices),
            "--_corpus", corpus_path, "--_out", out, "--_passes", str(passes), "--_cpus", cpus]
     if ids_dir:
         cmd += ["--_ids", ids_dir]
     if verify:
         cmd += ["--_verify"]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="true", PYTHONHASHSEED="0", **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (ROOT, env.get("PYTHONPATH"))))  # the `benchmarks` package
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -1,6 +1,5 @@
 """Issue 37 follow-up: 6 processes open one new SQLite ledger file at once, 40 rounds; prints the rounds that failed."""
-import multiprocessing as mp, os, sys, tempfile, time
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import multiprocessing as mp, os, tempfile, time
 from qwen_vllm_ext.store.sqlite import Database
 
 def opener(path, barrier, q):

@@ -222,6 +222,21 @@ class Prices:
                 "input_cache_read": plain(self.cache_read_price), "request": plain(self.request)}
 
 
+@dataclasses.dataclass(frozen=True)
+class Billing:
+    """A server's billing rules as one object: the policy (billed units) and the provider's prices (None: no price
+    set, no cost). Built once per process from the settings and handed to whatever bills."""
+
+    policy: BillingPolicy
+    prices: Prices | None = None
+
+    def cost_pico(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> int:
+        """The request's cost in integer pico-dollars (0 without prices): :meth:`Prices.cost_pico` under the policy."""
+        if self.prices is None:
+            return 0
+        return self.prices.cost_pico(prompt_tokens, completion_tokens, cached_tokens, policy=self.policy)
+
+
 def usd(pico: int, places: int = 6) -> str:
     """Integer pico-dollars as a dollar amount rounded half-even to ``places`` decimals (the export rule)."""
     return str((Decimal(pico) / PICO).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN))

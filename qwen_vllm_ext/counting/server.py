@@ -17,18 +17,17 @@ from ..common.errors import error_response
 COUNT_PATH = "/v1/tokens/count"
 
 
-def init_state(state, args) -> None:
-    from ..common.context import server_context
-
-    ctx = server_context(state)
-    names = getattr(args, "served_model_name", None) or [args.model]
-    names = list(names) if isinstance(names, (list, tuple)) else [names]
-    ctx.served_model, ctx.served_models = names[0], tuple(names)
+def init_state(served, args) -> None:
+    """Fill the server's :class:`~qwen_vllm_ext.common.served.ServedModel` (first at start-up: the gateway's
+    admission counts with its calculator): the served names, and the calculator for the served tokenizer and the
+    template vLLM serves (the package's prefix-stable one in KV-reuse mode, else the tokenizer's)."""
     from ..kv.reuse import served_template
 
-    # the template vLLM serves: the package's prefix-stable one in KV-reuse mode (else from the tokenizer)
-    ctx.calculator = calculator_for_model(args.model, getattr(args, "tokenizer", None),
-                                          template=served_template(args))
+    names = getattr(args, "served_model_name", None) or [args.model]
+    names = list(names) if isinstance(names, (list, tuple)) else [names]
+    served.name, served.names = names[0], tuple(names)
+    served.calculator = calculator_for_model(args.model, getattr(args, "tokenizer", None),
+                                             template=served_template(args))
 
 
 def calculator_for_model(model: str | None, tokenizer: str | None = None, template: str | None = None):
@@ -43,12 +42,10 @@ def calculator_for_model(model: str | None, tokenizer: str | None = None, templa
     return Calculator(model="qwen3.6" if vocabulary == "qwen3.6" else None, template=template)
 
 
-def router():
-    """The route (the integration layer includes the router); ``init_state`` puts the calculator and served model
-    name on the server context."""
+def router(served):
+    """The route (the integration layer includes the router); it counts with ``served`` (a
+    :class:`~qwen_vllm_ext.common.served.ServedModel`), which ``init_state`` fills."""
     from fastapi import APIRouter, Request
-
-    from ..common.context import server_context
 
     app = APIRouter()
 
@@ -68,7 +65,7 @@ def router():
         cached = body.get("cached_tokens", 0)
         kwargs = dict(body.get("chat_template_kwargs") or {})
         try:
-            calc = server_context(request.app).calculator
+            calc = served.calculator
             if messages is not None:
                 result = calc.calculate_tokens(output_text=completion, messages=messages, cached_tokens=cached,
                                                tools=body.get("tools"), **kwargs)
@@ -81,6 +78,6 @@ def router():
                                   param="messages" if messages is not None else "prompt")
         from qwen_v3_calculator.calculator import to_jsonable
 
-        return {"model": body.get("model") or server_context(request.app).served_model, **to_jsonable(result)}
+        return {"model": body.get("model") or served.name, **to_jsonable(result)}
 
     return app

@@ -19,16 +19,21 @@ import logging
 import math
 import sqlite3
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwen_v3_calculator.billing import to_micro
 
-from ..common.context import request_context, server_context
+from ..common.context import request_context
 from ..common.errors import error_body
 from ..observability.stores import store_result
 from . import metrics, vllm_requests
 from .admission import (GENERATION_PATHS, UNMETERED_POST, Rejection, admit, admit_messages, check_model_scope,
                         duration, parse_body, refusal_reason, strip_hint)
+
+if TYPE_CHECKING:
+    from .admission import Served
+    from .capacity import Backlog
+    from .spike import SpikeBreaker
 
 logger = logging.getLogger("qwen_vllm_ext.gateway")
 
@@ -135,9 +140,21 @@ class Held:
     headers: dict = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass
+class GatewayState:
+    """This API server's gateway state: built by ``gateway.server.attach`` and handed to the middleware, filled by
+    ``gateway.server.init_state`` at start-up."""
+
+    admission: Served | None = None  # what admission needs to know about the served model
+    capacity: Backlog | None = None  # capacity 429s (max_queue_wait_s > 0)
+    spike_breaker: SpikeBreaker | None = None  # told the served context length at init_state
+
+
 class GatewayMiddleware:
-    def __init__(self, app, settings, keys, limiter, policy, on_spike=None, inline_limiter=None):
+    def __init__(self, app, settings, keys, limiter, policy, on_spike=None, inline_limiter=None,
+                 state: GatewayState | None = None):
         self.app = app
+        self.state = state if state is not None else GatewayState()
         # admission calls go to inline_limiter first (SqliteLimiter.nonblocking(): microseconds on the event loop,
         # cheaper than a thread hop under load); when it is busy, or without one, to limiter on a worker thread
         self.inline_limiter = inline_limiter
@@ -165,8 +182,7 @@ class GatewayMiddleware:
             return await reject(send, rej, path)
         request = request_context(scope)
         request.api_key_id = key.key_id
-        server = server_context(scope["app"])
-        served = server.admission  # the served model's calculator, context, names
+        served = self.state.admission  # the served model's calculator, context, names
         kind = GENERATION_PATHS.get(path)
         if kind is not None and scope.get("method") != "POST":
             return await self.app(scope, receive, send)  # authenticated; the route answers 405, nothing runs
@@ -186,7 +202,7 @@ class GatewayMiddleware:
             except Rejection as rej:
                 return await reject(send, rej, path, key.key_id)
             return await self.app(scope, _replay(raw, receive), send)
-        capacity = server.capacity  # max_queue_wait_s > 0: refuse what would wait too long, before any work
+        capacity = self.state.capacity  # max_queue_wait_s > 0: refuse what would wait too long, before any work
         if capacity is not None:
             verdict = capacity.verdict()
             if verdict is not None:
@@ -196,7 +212,7 @@ class GatewayMiddleware:
                     f"in the engine's queue (this server's bound: {capacity.max_wait_s:g} s); retry after {retry} s or "
                     "send it elsewhere", type_="requests", headers={"retry-after": str(retry)}), path, key.key_id)
         try:
-            raw = await self._read_body(receive)
+            raw = request.raw_body = await self._read_body(receive)  # the ledger's copy too: no other is kept
             inline = len(raw) <= INLINE_BODY_BYTES  # microseconds: a thread hop would cost more under load
             # exact counting of up to max_body_bytes (~1 s for 8 MB) runs off the event loop
             parsed = parse_body(raw) if inline else await asyncio.to_thread(parse_body, raw)

@@ -47,7 +47,8 @@ def scheduler_cls(scheduler_config):
     settings = _settings()
     if not settings.enabled:
         return None
-    from ..scheduling.vllm_scheduler import bind_policy, pick_scheduler_cls
+    from ..scheduling.patching import bind_policy
+    from ..scheduling.vllm_scheduler import pick_scheduler_cls
 
     bind_policy(settings.scheduler, settings.token_weighted_scheduler)  # a source-patched engine core: bound here
     return pick_scheduler_cls(scheduler_config) if settings.token_weighted_scheduler != "false" else None
@@ -65,10 +66,10 @@ def server_starting() -> None:
 def attach_app(app) -> None:
     """``build_app``: the extension's routes and middlewares (health, token counting, gateway, ledger),
     exactly as the endpoint plugin adds them; skipped when the endpoint plugin already did."""
-    from ..common.context import find_server_context
+    from .app_state import find_app_state
 
-    ctx = find_server_context(app)
-    if not _settings().enabled or (ctx is not None and ctx.attached):
+    found = find_app_state(app)
+    if not _settings().enabled or (found is not None and found.attached):
         return
     from . import plugin
 
@@ -78,10 +79,10 @@ def attach_app(app) -> None:
 
 async def init_state(engine_client, state, args) -> None:
     """``init_app_state``: the extension's per-server state, as the endpoint plugin sets it."""
-    from ..common.context import find_server_context
+    from .app_state import find_app_state
 
-    ctx = find_server_context(state)
-    if not _settings().enabled or (ctx is not None and ctx.initialized):
+    found = find_app_state(state)
+    if not _settings().enabled or (found is not None and found.initialized):
         return
     from . import plugin
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 
 from .. import __version__
-from ..common.context import install_server_context
 from ..config import Settings
 from ..counting import server as counting
 from ..observability import status
 from ..store.locations import shared_state_problem
+from .app_state import find_app_state, install_app_state
 from .guard import check_patch
 from .runtime_patches import runtime_patches
 from .vllm_version import require_vllm, unsupported_message, version_supported
@@ -64,7 +64,7 @@ def register_general(runtime: bool = True) -> dict:
     applied, source, disabled = [], [], {}
     role = status.process_role()
     if allowed and role == "engine_core":  # the scheduler's policy, passed in (also for an explicit --scheduler-cls)
-        from ..scheduling.vllm_scheduler import bind_policy
+        from ..scheduling.patching import bind_policy
 
         bind_policy(settings.scheduler, settings.token_weighted_scheduler)
     if allowed:
@@ -107,7 +107,8 @@ class EndpointPlugin:
         from fastapi.responses import JSONResponse
 
         router = APIRouter()
-        settings = Settings.current()
+        state = install_app_state(app, Settings.current())
+        settings = state.settings
 
         async def qwen_ext_health(request) -> JSONResponse:  # a plain Starlette route: it is handed the request
             report = health_report(app)
@@ -122,30 +123,22 @@ class EndpointPlugin:
 
         if metrics_route.wanted():  # several API-server processes: vLLM's /metrics would miss our collectors
             metrics_route.add_metrics_route(router)
-        ctx = install_server_context(app, settings)
-        ctx.attached = True  # a source-patched vLLM's build_app hook then adds nothing
+        state.attached = True  # a source-patched vLLM's build_app hook then adds nothing
         _register_collectors()
         from . import stack
 
-        _, layer_routers = stack.attach(app, ctx.settings, ledger="usage_accounting" in register_general()["patches"])
-        for each in (router, counting.router(), *layer_routers):  # every route of the extension, added here
+        _, layer_routers = stack.attach(app, state, ledger="usage_accounting" in register_general()["patches"])
+        for each in (router, counting.router(state.served), *layer_routers):  # every route of the extension, here
             app.include_router(each)
 
-    async def init_state(self, engine_client, state, args) -> None:
-        ctx = install_server_context(state, Settings.current())
-        ctx.initialized = True
-        counting.init_state(state, args)
-        if engine_client is not None and ctx.settings.gateway:
-            from ..gateway import server as gateway_server
+    async def init_state(self, engine_client, app_state, args) -> None:
+        """vLLM's ``init_app_state`` (``app_state``: the app's ``state``): every capability's state, in the declared
+        start-up order (``stack.STARTUP``)."""
+        from . import stack
 
-            gateway_server.init_state(engine_client, state, args)
-        if engine_client is not None and ctx.settings.openrouter:
-            from ..provider import server as provider_server
-
-            provider_server.init_state(engine_client, state, args)
-        from ..kv import server as kv_server
-
-        await kv_server.init_state(engine_client, state, ctx.settings, args)
+        state = install_app_state(app_state, Settings.current())
+        state.initialized = True
+        await stack.init_state(state, engine_client, args)
 
 
 _collectors_registered = False
@@ -199,13 +192,13 @@ def instance_id() -> str:
 
 def health_report(app=None) -> dict:
     """The health route's report (``app``: the API server's, for its KV-reuse state)."""
-    from ..common.context import find_server_context
     from ..gateway.vllm_connections import status as connections_status
     from ..kv.server import status as kv_status
     from ..scheduling.metrics import scheduler_status
     from ..usage.metrics import ledger_health
 
     local = register_general()
+    state = find_app_state(app) if app is not None else None
     processes = status.read_processes()
     roles = sorted({p["role"] for p in processes})
     return {
@@ -221,12 +214,12 @@ def health_report(app=None) -> dict:
         "instance_id": instance_id(),
         "plugin_loaded_in": roles,
         "scheduler": scheduler_status(),
-        "kv_reuse": kv_status(getattr(find_server_context(app), "kv", None) if app is not None else None),
+        "kv_reuse": kv_status(state.kv if state is not None else None),
         "connections": connections_status(),
         # None without the ledger; ready false while its writer is stopped or spilling (reported, not a failed probe)
         "ledger": ledger_health(),
         "processes": processes,
-        "settings": Settings.current().public(),
+        "settings": (state.settings if state is not None else Settings.current()).public(),
         "launch": _launch(),
     }
 

@@ -29,10 +29,10 @@ def _per_chunk_usage() -> RuntimePatch:
 
 
 def _token_weighted_scheduler() -> RuntimePatch:
-    from ..scheduling import vllm_scheduler
+    from ..scheduling import patching
 
-    return RuntimePatch("token_weighted_scheduler", vllm_scheduler.install, {"engine_core", "api_server"},
-                        vllm_scheduler.PATCH_TARGETS, "token_weighted_scheduler")
+    return RuntimePatch("token_weighted_scheduler", patching.install, {"engine_core", "api_server"},
+                        patching.PATCH_TARGETS, "token_weighted_scheduler")
 
 
 def _turn_checkpoints() -> RuntimePatch:

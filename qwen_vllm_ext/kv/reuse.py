@@ -19,6 +19,7 @@ import re
 import threading
 
 from ..common.client_strings import storable
+from ..common.context import request_context
 from ..common.family import read_json as _read_json
 
 SESSION_HEADER = b"x-session-id"  # what clients send: vllm-router's consistent_hash hashes it (checked on 0.1.17)
@@ -142,7 +143,7 @@ def served_template(args) -> str | None:
     return name
 
 
-def _conversation_header(headers) -> tuple[str, str] | None:
+def conversation_header(headers) -> tuple[str, str] | None:
     """(header name, value) of the first of :data:`CONVERSATION_HEADERS` the request carries."""
     found = {}
     for k, v in headers or ():
@@ -155,21 +156,30 @@ def _conversation_header(headers) -> tuple[str, str] | None:
     return None
 
 
-def conversation_id(headers, body: dict) -> str | None:
-    """``x-session-id``, else ``x-conversation-id`` header (validated by :func:`check_conversation_header`
-    first), else the ``user`` field of the body (a non-empty string of at most 256 characters, no control
-    characters or lone surrogates: it is stored in the ledger)."""
-    header = _conversation_header(headers)
+def request_conversation_header(scope) -> tuple[str, str] | None:
+    """:func:`conversation_header` of an ASGI request, read once and kept on its request context: the KV middleware
+    validates it, the ledger records it."""
+    request = request_context(scope)
+    if not request.conversation_read:
+        request.conversation_header = conversation_header(scope.get("headers"))
+        request.conversation_read = True
+    return request.conversation_header
+
+
+def conversation_id(header: tuple[str, str] | None, body: dict) -> str | None:
+    """The request's conversation: its ``header`` (:func:`conversation_header`: ``x-session-id``, else
+    ``x-conversation-id``; validated by :func:`check_conversation` first), else the ``user`` field of the body (a
+    non-empty string of at most 256 characters, no control characters or lone surrogates: it is stored in the
+    ledger)."""
     if header is not None and VALID_CONVERSATION_ID.match(header[1]):
         return header[1]
     user = body.get("user") if isinstance(body, dict) else None
     return user or None if storable(user, MAX_USER_ID_CHARS) is not None else None
 
 
-def check_conversation_header(headers) -> tuple[str, str] | None:
-    """(error message, header name) when the conversation header read by :func:`conversation_id` is malformed,
+def check_conversation(header: tuple[str, str] | None) -> tuple[str, str] | None:
+    """(error message, header name) when the conversation ``header`` (:func:`conversation_header`) is malformed,
     else ``None``."""
-    header = _conversation_header(headers)
     if header is not None and not VALID_CONVERSATION_ID.match(header[1]):
         return (f"{header[0]} must be 1-128 characters from A-Z a-z 0-9 . _ : @ ~ / + = - "
                 f"(got {len(header[1])} characters)"), header[0]
@@ -205,9 +215,6 @@ class ReuseTracker:
         return len(self._prev)
 
 
-TRACKER = ReuseTracker()
-
-
 def common_prefix(a, b) -> int:
     """Length of the common leading run of two token-id sequences (what prefix caching can reuse)."""
     n = 0
@@ -216,15 +223,3 @@ def common_prefix(a, b) -> int:
             break
         n += 1
     return n
-
-
-def configure(capacity: int) -> ReuseTracker:
-    """Resize this process's tracker (the API server calls it once at startup)."""
-    global TRACKER
-    if capacity != TRACKER.capacity:
-        TRACKER = ReuseTracker(capacity)
-    return TRACKER
-
-
-def tracker() -> ReuseTracker:
-    return TRACKER

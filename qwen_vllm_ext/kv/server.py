@@ -26,12 +26,15 @@ logger = logging.getLogger("qwen_vllm_ext.kv")
 
 @dataclasses.dataclass
 class KvState:
-    """This API server's KV-reuse state (on its server context, ``ServerContext.kv``)."""
+    """This API server's KV-reuse state: built by :func:`attach` and handed to the middleware, filled by
+    :func:`init_state`."""
 
     sleeper: IdleSleeper | None = None  # idle_sleep_s > 0
     task: asyncio.Task | None = None  # the sleeper's timer
     template: str | None = None  # the calculator template vLLM serves ("qwen3-reuse" in reuse mode)
     applies: tuple[bool, str] | None = None  # does the reuse template apply to the served model (and why)
+    tracker: reuse.ReuseTracker = dataclasses.field(default_factory=reuse.ReuseTracker)  # each conversation's last
+    # turn, for the ledger's reuse ratio (kv_reuse_tracker_size conversations)
 
 
 def sleep_metrics():
@@ -80,7 +83,7 @@ class KvMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not _is_engine_request(scope):
             return await self.app(scope, receive, send)
-        problem = reuse.check_conversation_header(scope.get("headers"))
+        problem = reuse.check_conversation(reuse.request_conversation_header(scope))
         if problem is not None:
             message, header = problem
             return await _send_json(send, 400, error_body(message, "invalid_conversation_id", param=header))
@@ -101,24 +104,18 @@ class KvMiddleware:
             sleeper.leave()
 
 
-def attach(app, settings) -> None:
-    """Add the middleware and size this process's reuse tracker (called by the endpoint plugin)."""
-    from ..common.context import server_context
-
-    reuse.configure(settings.kv_reuse_tracker_size)
+def attach(app, settings) -> KvState:
+    """Add the middleware with its state, the conversations' reuse tracker included (called by the integration
+    layer; the ledger gets the tracker from it)."""
     sleep_metrics()  # the families exist (at 0) on every server, so rules and panels always find them
-    kv = server_context(app).kv = KvState()
+    kv = KvState(tracker=reuse.ReuseTracker(settings.kv_reuse_tracker_size))
     app.add_middleware(KvMiddleware, kv=kv)
+    return kv
 
 
-async def init_state(engine_client, state, settings, args=None) -> None:
-    """Record the served template; start the idle-sleep timer on this API server when ``idle_sleep_s > 0`` (the
-    launcher has checked the platform supports sleep mode and added ``--enable-sleep-mode``)."""
-    from ..common.context import server_context
-
-    kv = server_context(state).kv
-    if kv is None:  # init_state without attach (a source-patched vLLM's hooks run both; tests may not)
-        kv = server_context(state).kv = KvState()
+async def init_state(kv: KvState, engine_client, settings, args=None) -> None:
+    """Record the served template in ``kv``; start the idle-sleep timer on this API server when ``idle_sleep_s > 0``
+    (the launcher has checked the platform supports sleep mode and added ``--enable-sleep-mode``)."""
     if args is not None:
         kv.template = reuse.served_template(args)
         kv.applies = reuse.reuse_template_applies(args.model)
@@ -147,5 +144,5 @@ def status(kv: KvState | None) -> dict:
     return {"reuse_template": kv.template in reuse.OFFICIAL_OF, "template": kv.template or "model default",
             "reuse_template_applies": None if kv.applies is None else kv.applies[0],
             "reuse_template_note": None if kv.applies is None else kv.applies[1],
-            "conversations_tracked": len(reuse.tracker()),
+            "conversations_tracked": len(kv.tracker),
             "idle_sleep": None if kv.sleeper is None else kv.sleeper.status()}

@@ -1,17 +1,31 @@
 """Wiring of the provider capability into a vLLM server (API-server process): the listing route and SSE keep-alives."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
-from ..common.context import server_context
 from ..common.errors import error_body
 from .listing import FORMATS, listing
+
+if TYPE_CHECKING:
+    from qwen_v3_calculator.billing import Prices
+
+    from .listing import ModelFacts
 
 logger = logging.getLogger("qwen_vllm_ext.provider")
 
 MODELS_PATH = "/v1/models"
+
+
+@dataclasses.dataclass
+class ListingState:
+    """This API server's listing: built by :func:`attach_listing`, filled by :func:`init_state` at start-up."""
+
+    listing: list[ModelFacts] | None = None  # one per served model
+    prices: Prices | None = None
 
 
 class ListingMiddleware:
@@ -19,8 +33,9 @@ class ListingMiddleware:
     Without ``format`` the request goes to vLLM's own listing. Inside the gateway, which authenticates it and drops
     the models a scoped key may not use, exactly as for vLLM's listing."""
 
-    def __init__(self, app):
+    def __init__(self, app, state: ListingState):
         self.app = app
+        self.state = state
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "GET" or scope.get("path") != MODELS_PATH:
@@ -28,7 +43,7 @@ class ListingMiddleware:
         fmt = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("format", [""])[0]
         if not fmt:
             return await self.app(scope, receive, send)
-        ctx = server_context(scope["app"])
+        ctx = self.state
         if fmt not in FORMATS:
             status, body = 400, error_body(f"unknown listing format {fmt!r}; this server lists {', '.join(FORMATS)} "
                                            "(or leave format out for the OpenAI listing)", "invalid_value",
@@ -44,8 +59,10 @@ class ListingMiddleware:
         await send({"type": "http.response.body", "body": raw})
 
 
-def attach_listing(app, settings) -> None:
-    app.add_middleware(ListingMiddleware)
+def attach_listing(app, settings) -> ListingState:
+    state = ListingState()
+    app.add_middleware(ListingMiddleware, state=state)
+    return state
 
 
 def attach_keepalive(app, settings) -> None:
@@ -56,21 +73,16 @@ def attach_keepalive(app, settings) -> None:
     app.add_middleware(KeepAliveMiddleware, interval_s=settings.sse_keepalive_s, on_comment=counter.inc)
 
 
-def init_state(engine_client, state, args) -> None:
-    """Read the engine's facts for the listing; raises ``ListingError`` (naming the setting) when the settings ask
-    for a listing that would not describe this engine."""
-    from qwen_v3_calculator.billing import get_policy
-
+def init_state(state: ListingState, engine_client, settings, billing, args) -> None:
+    """Read the engine's facts for the listing into ``state``; raises ``ListingError`` (naming the setting) when the
+    settings ask for a listing that would not describe this engine."""
     from .listing import ListingError
     from .vllm_facts import model_facts
 
-    ctx = server_context(state)
-    settings = ctx.settings
-    prices = settings.prices()
-    if prices is None:
+    if billing.prices is None:
         raise ListingError("settings 'price_prompt' / 'price_completion': openrouter=true publishes prices and none is "
                            "set; set them (USD per million tokens; '0' for a free model)")
-    ctx.prices = prices
-    ctx.listing = model_facts(engine_client, args, settings, get_policy(settings.billing_policy))
+    state.prices = billing.prices
+    state.listing = model_facts(engine_client, args, settings, billing.policy)
     logger.info("qwen-vllm-ext: OpenRouter listing on GET /v1/models?format=openrouter (%s)",
-                ", ".join(m.id for m in ctx.listing))
+                ", ".join(m.id for m in state.listing))

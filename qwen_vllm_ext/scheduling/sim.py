@@ -27,7 +27,7 @@ T0 = 1_000_000.0  # virtual epoch (arrival_time values are absolute seconds)
 def fit_cost_model(records: Sequence[Sequence[float]], max_gap_s: float = 2.0) -> tuple[StepCostModel, dict]:
     """Least-squares fit of :class:`StepCostModel` (:class:`~.costs.CostFit`, the solver the scheduler uses online) to
     per-step records ``[time, schedule_s, n_reqs, tokens, prefill_tokens, prefill_ctx(, decode_ctx)]``
-    (``bench_scheduler.py``'s ``comp`` rows; see :func:`~.vllm_scheduler.step_composition`): a step's duration is the
+    (``bench_scheduler.py``'s ``comp`` rows; see :func:`~.engine_costs.step_composition`): a step's duration is the
     time to the next ``schedule()`` call, for back-to-back steps only (gaps over ``max_gap_s`` are idle time). The
     decode-context term is fitted only when every step used has that column (older results files do not). Returns
     the model and fit statistics (steps used, R^2, median relative error, whether the decode term was fitted)."""
@@ -110,9 +110,9 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
              auto: bool = False, **engine: Any) -> dict:
     """Replay one trace (``requests``: dicts with ``i``, ``prompt_len``, ``max_tokens``, ``long``; ``arrivals``:
     seconds from the trace start) through a real scheduler on a virtual clock. Returns the same shape as
-    ``bench_scheduler``'s replay: ``requests`` (arrival, ttft, e2e, done, out_tokens, ...), ``t_first_arrival``,
-    ``t_end``, plus ``steps`` (``[time, n_admitted, 0.0]``), ``warm`` (the step-cost fit of this run's steps and its
-    mean requests per step) and the virtual time spent. ``warm`` (another run's) starts the token-weighted scheduler's
+    ``bench_scheduler``'s replay (what :mod:`qwen_vllm_ext.bench.scheduler_traces` summarizes): ``requests`` (arrival,
+    ttft, e2e, done, out_tokens, ...), ``t_first_arrival``, ``t_end``, plus ``steps`` (``[time, n_admitted, 0.0]``),
+    ``warm`` (the step-cost fit of this run's steps and its mean requests per step) and the virtual time spent. ``warm`` (another run's) starts the token-weighted scheduler's
     online cost fit from that run's, as on an engine that has been serving the same traffic (a fresh one weighs by
     tokens for its first ``COST_MIN_STEPS`` steps). ``auto``: the token-weighted scheduler behind its overload gate
     (``token_weighted_scheduler=auto``)."""
@@ -124,7 +124,8 @@ def simulate(model_dir: str, requests: Sequence[dict], arrivals: Sequence[float]
 
     os.environ.setdefault("QWEN_VLLM_EXT_INSTANCE_DIR", tempfile.mkdtemp(prefix="qwen-sim-"))
     clock = _Clock(T0)
-    from .vllm_scheduler import TokenWeightedScheduler, step_composition
+    from .engine_costs import step_composition
+    from .vllm_scheduler import TokenWeightedScheduler
 
     scheduler = build_scheduler(model_dir, TokenWeightedScheduler if token_weighted else None, policy=policy,
                                 clock=clock, auto=auto, **engine)

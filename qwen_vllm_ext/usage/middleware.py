@@ -25,8 +25,8 @@ import uuid
 from qwen_v3_calculator.billing import to_micro
 
 from ..common.client_strings import MAX_MODEL_CHARS, storable
-from ..common.context import find_request_context, find_server_context, request_context
-from ..kv.reuse import conversation_id, tracker as reuse_tracker
+from ..common.context import find_request_context, request_context
+from ..kv.reuse import conversation_id, request_conversation_header
 from .accounting import BOOK, CURRENT_HTTP_REQUEST, RequestTotals
 from .ledger import LedgerRecord, LedgerWriteError, billed_prompt_tokens
 
@@ -62,8 +62,13 @@ def _status(totals: RequestTotals, http_status: int, disconnected: bool) -> str:
 
 class UsageLedgerMiddleware:
     def __init__(self, app, writer, policy, instance_id: str, on_record=None, on_commit=None, prices=None,
-                 unauthenticated_records_per_s: float = 1.0):
+                 unauthenticated_records_per_s: float = 1.0, served=None, reuse=None, keep_body: bool = True):
         self.app = app
+        self.reuse = reuse  # the KV state's ReuseTracker: each conversation's reuse ratio (None: not recorded)
+        # keep the request's bytes for the record (model, user) and the access log; False when the gateway parses
+        # every body it lets through onto the request context (the record reads it from there)
+        self.keep_body = keep_body
+        self.served = served  # the server's ServedModel: its names are the only model labels a record carries
         # requests refused for their API key are counted by the gateway's rejection metric; only this many a second
         # are recorded (an unauthenticated flood must not grow the ledger without bound)
         self.unauthenticated = PerSecondCap(unauthenticated_records_per_s)
@@ -95,7 +100,7 @@ class UsageLedgerMiddleware:
             message = await receive()
             if message["type"] == "http.disconnect":
                 state.disconnected = True
-            elif message["type"] == "http.request" and len(state.body) < MAX_BODY_KEPT:
+            elif message["type"] == "http.request" and self.keep_body and len(state.body) < MAX_BODY_KEPT:
                 state.body += message.get("body", b"")
             return message
 
@@ -147,8 +152,10 @@ class UsageLedgerMiddleware:
         if request is not None and request.unauthenticated and not self.unauthenticated.allow():
             return  # over unauthenticated_records_per_s: counted by qwen_ext_gateway_rejections_total only
         body = request.body if request is not None and request.body is not None else None
-        if body is None:  # the gateway is off (it parses the body once and keeps it on the request context)
-            body = await asyncio.to_thread(_parse_body, state.body)  # up to 16 MB: off the event loop
+        if body is None:  # the gateway parses the body once onto the request context; it is off or refused it
+            raw = request.raw_body if request is not None and request.raw_body is not None else state.body
+            raw = raw if len(raw) <= MAX_BODY_KEPT else raw[:MAX_BODY_KEPT]
+            body = await asyncio.to_thread(_parse_body, raw)  # up to 16 MB: off the event loop
         record = self._build_record(scope, engine_id, state, totals, _final_usage(scope), body)
         started = time.monotonic()
         try:
@@ -191,16 +198,15 @@ class UsageLedgerMiddleware:
         cost = 0 if self.prices is None else self.prices.cost_pico(billed_prompt, totals.completion_tokens, cached,
                                                                    policy=self.policy)
         request = find_request_context(scope)
-        server = find_server_context(scope.get("app"))
         model = record_model(body.get("model"), request.model if request is not None else None,
-                             server.served_models if server is not None else (),
+                             self.served.names if self.served is not None else (),
                              ran=bool(totals.engine_prompt_tokens) or status in ("stop", "length"))
         unauthenticated = request is not None and request.unauthenticated
         # a request refused for its API key: nothing it chose (ids, conversation) is stored
-        conversation = None if unauthenticated else conversation_id(scope.get("headers"), body)
+        conversation = None if unauthenticated else conversation_id(request_conversation_header(scope), body)
         reuse_ratio = None
-        if status in ("stop", "length") and totals.engine_prompt_tokens:  # a turn the engine really ran
-            reuse_ratio = reuse_tracker().observe(conversation, totals.prompt_tokens, totals.cached_tokens,
+        if status in ("stop", "length") and totals.engine_prompt_tokens and self.reuse is not None:  # a turn run
+            reuse_ratio = self.reuse.observe(conversation, totals.prompt_tokens, totals.cached_tokens,
                                                   totals.completion_tokens)
         return LedgerRecord(
             request_id=f"unauth-{uuid.uuid4().hex}" if unauthenticated else engine_id,

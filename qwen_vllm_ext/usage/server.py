@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .ledger import LedgerStore
 
 logger = logging.getLogger("qwen_vllm_ext.usage")
 
@@ -16,13 +21,20 @@ def instance_id() -> str:
     return f"{socket.gethostname()}-{os.path.basename(str(status.instance_dir()))}"
 
 
-def attach(app, settings) -> None:
-    """Add the ledger middleware (API-server process). Raises when the configured store is unreachable."""
-    if not settings.ledger:
-        return
-    from qwen_v3_calculator.billing import get_policy
+@dataclasses.dataclass
+class UsageState:
+    """This API server's ledger: its store (the gateway's spike breaker reads baselines from it)."""
 
-    from ..common.context import server_context
+    store: LedgerStore | None = None
+
+
+def attach(app, settings, served, billing, reuse=None) -> UsageState | None:
+    """Add the ledger middleware (API-server process); ``served``: the server's
+    :class:`~qwen_vllm_ext.common.served.ServedModel` (the model labels of records and metrics), ``billing``: its
+    billing object (policy and prices), ``reuse``: the KV state's reuse tracker (each record's reuse ratio). Raises
+    when the configured store is unreachable. None with the ledger off."""
+    if not settings.ledger:
+        return None
     from ..store import locations
     from ..store.redis import safe_url
     from .access_log import AccessLog, StratifiedSampler
@@ -54,14 +66,15 @@ def attach(app, settings) -> None:
         atexit.register(access_log.close)
 
     def on_record(record, body):
-        observe_record(record, writer.queue_depth(), server_context(app).served_models)
+        observe_record(record, writer.queue_depth(), served.names)
         if access_log is not None:
             access_log.log(record, body)
 
-    app.add_middleware(UsageLedgerMiddleware, writer=writer, policy=get_policy(settings.billing_policy),
-                       prices=settings.prices(), instance_id=instance_id(), on_record=on_record,
+    app.add_middleware(UsageLedgerMiddleware, writer=writer, policy=billing.policy, prices=billing.prices,
+                       served=served, reuse=reuse, keep_body=not settings.gateway,  # the gateway keeps it
+                       instance_id=instance_id(), on_record=on_record,
                        unauthenticated_records_per_s=settings.unauthenticated_records_per_s,
                        on_commit=metrics()["write"].observe)
     app.add_middleware(LedgerHealthGate, writer=writer)  # vLLM's /health fails (503) while the writer is stopped
-    server_context(app).ledger_store = store
     logger.info("qwen-vllm-ext: usage ledger on %s (%s)", where.backend, safe_url(where.target))
+    return UsageState(store=store)

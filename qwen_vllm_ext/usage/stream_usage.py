@@ -143,14 +143,12 @@ def install(settings) -> bool:
     """Apply the patch (idempotent); False when the setting is off."""
     if not settings.per_chunk_usage:
         return False
-    from qwen_v3_calculator.billing import get_policy
     from vllm.entrypoints.openai.chat_completion import serving as chat_serving
     from vllm.entrypoints.openai.completion import serving as completion_serving
 
     if getattr(chat_serving, _MARK, False):
         return True
-    policy = get_policy(settings.billing_policy)
-    prices = settings.prices()
+    policy, prices = settings.billing.policy, settings.billing.prices  # the process's one billing object
     reasoning_field = settings.reasoning_field
 
     def force_usage(stream_options, enable_force_include_usage):

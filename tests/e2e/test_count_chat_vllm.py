@@ -3,10 +3,10 @@
 The demo server serves the package's prefix-stable ``qwen3-reuse`` template (KV-reuse mode, the launcher's default
 for Qwen3 models) with the generated Qwen3 tokenizer; ``preserve_thinking=false`` per request renders exactly as
 the official Qwen3 template (tests/unit/test_kv_reuse_template.py), so both are checked here (``mode``). Each seeded
-conversation of tests/unit/test_chat_count.py (system/no system, multi-turn, reasoning in earlier turns,
-tools, tool calls with string and dict arguments, consecutive tool results, content parts, CJK, emoji,
-leading newlines, enable_thinking None/True/False) is sent with ``max_tokens=1``. The demo server has no
-tool-call parser, so requests with tools use ``tool_choice="none"`` (vLLM still renders the tools).
+conversation of tests/helpers/conversations.py, the ones tests/unit/test_chat_count.py checks (system/no system,
+multi-turn, reasoning in earlier turns, tools, tool calls with string and dict arguments, consecutive tool results,
+content parts, CJK, emoji, leading newlines, enable_thinking None/True/False) is sent with ``max_tokens=1``. The
+demo server has no tool-call parser, so requests with tools use ``tool_choice="none"`` (vLLM still renders the tools).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 
 from qwen_v3_calculator.chat import count_chat
 from qwen_vllm_ext.demo import SERVED_NAME
-from tests.unit.test_chat_count import CONVERSATIONS, HFAdapter
+from tests.helpers.chat_reference import HFAdapter
+from tests.helpers.conversations import CONVERSATIONS
 
 EXTRA = {  # request options beyond the conversations: (messages, tools, count_chat kwargs)
     "no_generation_prompt": ([{"role": "user", "content": "Finish this"}, {"role": "assistant", "content": "OK."}],

@@ -19,7 +19,7 @@ import pytest
 
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
-from .conftest import Server, early
+from .servers import Server, early_then_stopped
 
 MODEL = "qwen3-demo"
 EARLY_GB = 6.5  # two engine cores and two API-server processes
@@ -32,13 +32,17 @@ def start_early(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def dp_server(request):
+def dp_started(request):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("this test needs 2 cores (one per data-parallel engine)")
-    server = early(request, start_early)["dp"]
+    yield from early_then_stopped(request, start_early)
+
+
+@pytest.fixture(scope="module")
+def dp_server(dp_started):
+    server = dp_started["dp"]
     server.wait_healthy()
-    yield server
-    server.stop()
+    return server
 
 
 def test_data_parallel_engines_each_run_the_extension(dp_server):

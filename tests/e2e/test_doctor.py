@@ -4,7 +4,6 @@ with its fix — gateway off, prefix caching off and the reuse template off (one
 (plain vLLM without qwen_vllm_ext in VLLM_PLUGINS)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,23 +15,13 @@ import pytest
 from qwen_vllm_ext.bench.server import ServeProcess
 from qwen_vllm_ext.demo import ensure_demo_model
 
-from .conftest import STARTUP_TIMEOUT_S, Server, early_then_stopped
-from .test_gateway import ADMIN, gateway_server
-
-
-def doctor(server, *args) -> tuple[int, dict[str, dict]]:
-    proc = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.doctor", "--url", server.base_url, "--json", *args],
-                          capture_output=True, text=True, timeout=600)
-    checks = json.loads(proc.stdout)
-    return proc.returncode, {c["name"]: c for c in checks}
+from ..helpers.doctor import doctor, not_passing
+from ..helpers.gateway import ADMIN
+from .servers import STARTUP_TIMEOUT_S, Server, early_then_stopped, gateway_server
 
 
 def statuses(checks: dict[str, dict]) -> dict[str, str]:
     return {name: c["status"] for name, c in checks.items()}
-
-
-def not_passing(checks: dict[str, dict]) -> list[dict]:
-    return [c for c in checks.values() if c["status"] != "PASS"]
 
 
 EARLY_GB = 10  # three servers

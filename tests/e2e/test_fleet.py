@@ -14,7 +14,6 @@ leaves nothing running, and bad configurations fail with one clear line and noth
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -34,16 +33,14 @@ from benchmarks.bench_kv_reuse import run_conversation, word_token_ids
 from qwen_vllm_ext.bench.server import FleetProcess, ServerStartError, alive, free_port_block
 from qwen_vllm_ext.client import Client, RetryPolicy
 from qwen_vllm_ext.client.errors import APIConnectionError, APIError
-from qwen_vllm_ext.fleet.plan import ROUTER_FLAGS
 from qwen_vllm_ext.usage.ledger import open_store
 from tests.redis_server import RedisServer
 
-from .conftest import early_then_stopped
+from .servers import STARTUP_TIMEOUT_S, early_then_stopped, round_robin_router
 
 ADMIN = "fleet-admin-secret"
 MODEL = "qwen3-demo"
 TURNS = 10
-STARTUP_TIMEOUT_S = int(os.environ.get("QWEN_VLLM_EXT_TEST_STARTUP_TIMEOUT", "600"))
 SERVE_ARGS = ["--qwen-gateway", "true", "--qwen-admin-key", ADMIN, "--qwen-spike-factor", "0",
               "--qwen-limiter-failure", "closed"]
 
@@ -143,33 +140,6 @@ def test_affinity_keeps_kv_reuse_and_round_robin_breaks_it(fleet, tmp_path):
           f"{cached(rr_turns) / prompt(rr_turns):.3f}, turns >= 3 served from cache {sum(served)}/{len(served)}")
     assert sum(served) < len(served), "round_robin kept every turn on a warm replica: the comparison shows nothing"
     assert cached(rr_turns) < cached(affinity)
-
-
-@contextlib.contextmanager
-def round_robin_router(replica_urls: list[str], log_path):
-    """vllm-router with the round_robin policy over ``replica_urls`` (what conversation affinity is compared with);
-    yields its base URL and stops it on exit."""
-    port = free_port_block(2)
-    with open(log_path, "wb") as log:
-        rr = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "vllm-router"), "--port", str(port),
-                               "--prometheus-port", str(port + 1), "--worker-urls", *replica_urls,
-                               "--policy", "round_robin", *ROUTER_FLAGS], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 60
-            while not _ready(port):
-                assert time.monotonic() < deadline and rr.poll() is None, "the round_robin router did not start"
-                time.sleep(0.5)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            rr.terminate()
-            rr.wait(30)
-
-
-def _ready(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/readiness", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 # ------------------------------------------------------------------------------------------------ limits

@@ -15,15 +15,14 @@ import pytest
 
 from benchmarks.bench_kv_reuse import generated_conversation, hybrid_conversation, hybrid_words
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME as MODEL
-from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
+from ..helpers.conversations import CONVERSATIONS
+from ..helpers.doctor import doctor, not_passing
+from ..helpers.gateway import ADMIN, auth, run_field_mix
+from ..helpers.ledger import ledger_row
+from ..helpers.streams import END_THINK, stream_then_drop
 from ..redis_server import RedisServer
-from .conftest import Server, early
-from .test_doctor import doctor, not_passing
-from .test_gateway import ADMIN, auth
-
-END_THINK = 248069
-
+from .servers import Server, early_then_stopped
 
 EARLY_GB = 3  # one server
 
@@ -39,33 +38,22 @@ def start_early(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def hybrid(request):
-    started = early(request, start_early)
-    server = started["hybrid"]
-    try:
-        server.wait_healthy()
-        with httpx.Client(base_url=server.base_url, timeout=120) as c:
-            key = c.post("/qwen_ext/admin/keys", headers=auth(ADMIN),
-                         json={"name": "hybrid", "rpm": 100000, "tpm": 10**8}).json()["key"]
-        yield server, server.data_dir, key
-    finally:
-        server.stop()
-        started["redis"].cleanup()
+def hybrid_servers(request):
+    yield from early_then_stopped(request, start_early)
+
+
+@pytest.fixture(scope="module")
+def hybrid(hybrid_servers):
+    server = hybrid_servers["hybrid"]
+    server.wait_healthy()
+    with httpx.Client(base_url=server.base_url, timeout=120) as c:
+        key = c.post("/qwen_ext/admin/keys", headers=auth(ADMIN),
+                     json={"name": "hybrid", "rpm": 100000, "tpm": 10**8}).json()["key"]
+    return server, server.data_dir, key
 
 
 def client(server, key):
     return httpx.Client(base_url=server.base_url, timeout=300, headers=auth(key))
-
-
-def ledger_row(data, request_id, timeout=30):
-    store = SqliteLedgerStore(str(data / "ledger.sqlite3"))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        record = store.get(request_id)
-        if record is not None:
-            return record.to_dict()
-        time.sleep(0.2)
-    raise AssertionError(f"no ledger record for {request_id}")
 
 
 def test_the_launcher_serves_the_family(hybrid):
@@ -170,8 +158,6 @@ def test_thinking_off_counts_no_reasoning(hybrid):
 def test_count_endpoint_and_gateway_count_equal_the_engine(hybrid):
     from qwen_v3_calculator import count_chat
 
-    from ..unit.test_chat_count import CONVERSATIONS
-
     server, _, key = hybrid
     checked = 0
     with client(server, key) as c:
@@ -222,8 +208,6 @@ def test_count_endpoint_and_gateway_count_equal_the_engine(hybrid):
 
 def test_field_coverage_admission_count_equals_engine_count(hybrid):
     """The gateway's field mix (every field that changes the prompt or the reservation) on the Qwen3.5 template."""
-    from .test_gateway import run_field_mix
-
     server, _, _ = hybrid
     outcomes, _ = run_field_mix(server, seed=36, count=150, name="mix-qwen36", model=MODEL)
     admitted = [o for o in outcomes if o[2] == 200]
@@ -384,21 +368,6 @@ def test_edited_history_falls_back_and_counts_stay_exact(hybrid):
         kept = common_prefix(seen[2], seen[3]) // UNIT * UNIT
         best = max(common_prefix(s, ids3) for s in seen + [ids, ids2])
         assert _cached(usage3) % UNIT == 0 and kept <= _cached(usage3) <= best // UNIT * UNIT
-
-
-def stream_then_drop(c, path: str, body: dict, after: int, headers: dict) -> list[int]:
-    """Token ids a client gets from a streamed request (``body`` asks for ``return_token_ids``) before it drops the
-    connection, once it has ``after`` of them."""
-    received: list[int] = []
-    with c.stream("POST", path, json=body, headers=headers) as s:
-        assert s.status_code == 200
-        for line in s.iter_lines():
-            if line.startswith("data: {"):
-                for ch in json.loads(line[6:])["choices"]:
-                    received += ch.get("token_ids") or []
-            if len(received) >= after:
-                break  # leaving the block closes the connection mid-answer
-    return received
 
 
 def test_a_disconnect_mid_answer_falls_back_to_a_kept_state_and_counts_stay_exact(hybrid):

@@ -14,8 +14,7 @@ from qwen_vllm_ext.bench.server import FleetProcess, ServerStartError
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME
 from tests.redis_server import RedisServer
 
-from .conftest import early
-from .test_fleet import STARTUP_TIMEOUT_S, round_robin_router
+from .servers import STARTUP_TIMEOUT_S, early, round_robin_router
 
 TURNS = 3  # turn 3 resumes from the checkpoint turn 2 left: a chain, as in longer conversations
 
@@ -50,13 +49,26 @@ def _below_bound(runs) -> list[tuple[int, int]]:
     return [(t["cached_tokens"], t["bound"]) for run in runs for t in run[1:] if t["cached_tokens"] < t["bound"]]
 
 
+def _why(fleet, runs, prefix: str) -> str:
+    """What a failure needs to be understood: every turn's counts, and where the router sent each request of these
+    conversations (its log names the worker per session key)."""
+    fields = ("prompt_tokens", "cached_tokens", "shared", "prev_seen", "bound")
+    turns = [[{k: t.get(k) for k in fields} for t in run] for run in runs]
+    try:
+        log = (fleet.data_dir / "logs" / "router.log").read_text(errors="replace").splitlines()
+    except OSError as exc:
+        log = [f"(router log unreadable: {exc})"]
+    routed = [line[line.find("key="):] for line in log if "Consistent hash routing" in line and prefix in line]
+    return f"turns: {turns}; routed: {routed[-2 * len(turns[0]) * len(turns):]}"
+
+
 def test_affinity_keeps_every_turn_cached_to_the_shared_prefix(hybrid_fleet, tmp_path):
     seed = int(uuid.uuid4().int % 10**6) + 5000  # fresh conversations: no earlier run's cache helps
     for thinking in (True, False):
         runs = run_generated_conversations(hybrid_fleet.base_url, f"hf-{thinking}-{seed}", 2, TURNS, thinking,
                                            seed0=seed)
         assert all(run[0]["cached_tokens"] < run[0]["prompt_tokens"] for run in runs)
-        assert _below_bound(runs) == [], thinking
+        assert _below_bound(runs) == [], (thinking, _why(hybrid_fleet, runs, f"hf-{thinking}-{seed}"))
         if thinking:  # the default drops earlier reasoning (preserve_thinking "answers"): resumed at the turn
             assert all(t["shared"] < t["prev_seen"] and t["cached_tokens"] > 0 for run in runs for t in run[1:])
         else:  # the previous answer came back whole and was reused

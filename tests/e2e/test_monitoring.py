@@ -35,9 +35,10 @@ import yaml
 from qwen_vllm_ext.demo import SERVED_NAME
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
+from ..helpers.gateway import ADMIN
+from ..helpers.monitoring import DASHBOARD, SELECTOR
 from . import disconnects
-from .conftest import early
-from .test_gateway import ADMIN, gateway_server
+from .servers import early, gateway_server
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "qwen-vllm-ext.rules.yml"
@@ -55,9 +56,7 @@ def fast_idle_drift_rules(workdir: Path) -> Path:
     out = workdir / "rules.yml"
     out.write_text(head + sep + tail.replace("for: 1m", f"for: {IDLE_DRIFT_FOR}", 1))
     return out
-DASHBOARD = ROOT / "deploy" / "grafana" / "qwen-vllm-ext.json"
 JOB = "qwen-replica"
-SELECTOR = re.compile(r"(?<![\w:])((?:vllm:|qwen_ext_)[A-Za-z0-9_:]+)(\{[^}]*\})?")
 
 QUIET = {
     # families that exist on this server but whose signal the scenario cannot produce

@@ -12,10 +12,12 @@ import time
 import httpx
 import pytest
 
+from ..helpers.gateway import ADMIN, auth, run_field_mix
+from ..helpers.ledger import ledger_row
+from ..helpers.monitoring import DASHBOARD, SELECTOR
+from ..helpers.streams import END_THINK, stream_then_drop
 from ..redis_server import RedisServer
-from .conftest import Server, early_then_stopped
-from .test_gateway import ADMIN, auth
-from .test_hybrid_demo import END_THINK, ledger_row, stream_then_drop
+from .servers import Server, early_then_stopped
 
 MODEL = "qwen36-mtp-half"
 EARLY_GB = 3  # one server
@@ -267,8 +269,6 @@ def test_gateway_admission_and_tpm_window_are_exact_under_mtp(mtp):
     """The gateway's field mix under MTP (a streamed chunk can carry several tokens): per request the admission
     count equals the engine's prompt tokens and usage stays within the reservation; per key the TPM window holds
     exactly what usage says was used."""
-    from .test_gateway import run_field_mix
-
     outcomes, _ = run_field_mix(mtp, seed=49, count=20, name="mix-mtp", model=MODEL)
     assert sum(o[2] == 200 for o in outcomes) >= 0.6 * len(outcomes)
     assert all(o[2] in (200, 400) for o in outcomes), [o for o in outcomes if o[2] not in (200, 400)]
@@ -298,8 +298,6 @@ def test_the_dashboards_spec_decode_panel_reads_series_this_server_exports(mtp):
     model_name label its selector uses: the MTP server exports each (the monitoring e2e serves a model without a
     speculative config, where they are absent), with values the panel's ratios can be computed from."""
     import re
-
-    from .test_monitoring import DASHBOARD, SELECTOR  # the committed JSON and the series pattern the monitoring e2e reads
 
     panel, = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"].startswith("Speculative decoding")]
     names = {m.group(1) for t in panel["targets"] for m in SELECTOR.finditer(t["expr"])}

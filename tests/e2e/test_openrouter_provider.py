@@ -17,8 +17,8 @@ from qwen_v3_calculator.billing import PICO, Prices
 from qwen_vllm_ext.demo import HYBRID_SERVED_NAME as MODEL
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore
 
-from .conftest import Server, early_then_stopped
-from .test_gateway import barrier_burst, make_key
+from ..helpers.gateway import barrier_burst, make_key
+from .servers import Server, early_then_stopped
 
 PRICES = {"price_prompt": "0.15", "price_completion": "0.6", "price_cache_read": "0.075", "price_request": "0.0001"}
 EXPECTED = Prices.per_million("0.15", "0.6", "0.075", "0.0001")

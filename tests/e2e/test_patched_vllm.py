@@ -24,7 +24,7 @@ from qwen_vllm_ext.bench.server import ServeProcess
 from qwen_vllm_ext.usage.ledger import open_store
 
 from ..redis_server import free_port
-from .conftest import Server
+from .servers import Server
 
 LONG_PROMPT = " ".join(f"token{i}" for i in range(300))  # > 2 KV blocks of 128 tokens (CPU prefix caching)
 
@@ -48,7 +48,7 @@ class PlainVllmServer(Server):
 
 
 _RUNNING: list[Server] = []  # at most one server of this module at a time
-LATE_GB = 3.5  # the servers below start during the module, one at a time (tests/e2e/conftest.py)
+LATE_GB = 3.5  # the servers below start during the module, one at a time (tests/e2e/servers.py)
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,9 @@ from qwen_vllm_ext.demo import SERVED_NAME
 from qwen_vllm_ext.usage.metrics import TOTALS_EVERY_S
 from qwen_vllm_ext.usage.reconcile import parse_counters
 
+from ..helpers.gateway import ADMIN, make_key
 from ..redis_server import RedisServer
-from .conftest import early_then_stopped
-from .test_gateway import ADMIN, gateway_server, make_key
+from .servers import early_then_stopped, gateway_server
 
 
 EARLY_GB = 7  # two servers, one with two API-server processes

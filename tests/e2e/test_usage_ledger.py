@@ -26,7 +26,7 @@ from qwen_vllm_ext.usage.reconcile import COUNTERS, fetch, parse_counters
 
 from ..redis_server import free_port
 from . import disconnects
-from .conftest import Server, early_then_stopped
+from .servers import Server, early_then_stopped
 
 LONG_PROMPT = " ".join(f"Paragraph {i}: the ledger must never lose or double-count a single token." for i in range(30))
 

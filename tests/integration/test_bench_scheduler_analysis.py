@@ -3,14 +3,9 @@ and seed with the traces pooled, ratios side 1 / side 0 with intervals, and the 
 status. No engine: the replays are built here, so the expected ratios are known exactly."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import bench_scheduler as bench  # noqa: E402
+from benchmarks import bench_scheduler as bench
 
 
 def replay(ttfts: list[float], span: float, out_tokens: int = 20) -> dict:

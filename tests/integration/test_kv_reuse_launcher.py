@@ -6,7 +6,7 @@ from qwen_vllm_ext import serve
 from qwen_vllm_ext.launcher.hardware import parse_nvidia_smi
 from qwen_vllm_ext.kv.reuse import served_template
 
-from ..conftest import NVIDIA_SMI_LINES
+from ..helpers.hardware import NVIDIA_SMI_LINES
 
 A100 = parse_nvidia_smi(NVIDIA_SMI_LINES["a100-80gb"])
 

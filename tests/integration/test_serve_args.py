@@ -9,7 +9,7 @@ from qwen_vllm_ext import serve
 from qwen_vllm_ext.launcher.hardware import parse_nvidia_smi
 from qwen_vllm_ext.profiles import ProfileError, load_profile, profile_names
 
-from ..conftest import NVIDIA_SMI_LINES
+from ..helpers.hardware import NVIDIA_SMI_LINES
 
 GPU_FOR = {"a100-80gb": "a100-80gb", "h100-80gb": "h100-80gb", "h200-141gb": "h200-141gb", "cpu": None}
 

@@ -18,10 +18,10 @@ from vllm.v1.request import Request, RequestStatus
 
 from qwen_vllm_ext.demo import ensure_demo_model
 from qwen_vllm_ext.scheduling.policy import PolicyConfig
+from qwen_vllm_ext.scheduling.request_queue import TokenWeightedRequestQueue
 from qwen_vllm_ext.scheduling.sim import build_config, build_scheduler
 from qwen_vllm_ext.scheduling.vllm_scheduler import (
     TokenWeightedAsyncScheduler,
-    TokenWeightedRequestQueue,
     TokenWeightedScheduler,
     pick_scheduler_cls,
 )
@@ -119,7 +119,8 @@ def test_the_scheduler_starts_with_the_policy_passed_in(model_dir):
     """The general plugin binds the engine core's sched_* settings (``bind_policy``); a scheduler built without one
     bound starts with the defaults."""
     from qwen_vllm_ext.config import Settings
-    from qwen_vllm_ext.scheduling import vllm_scheduler
+    from qwen_vllm_ext.scheduling import patching
+    from qwen_vllm_ext.scheduling.engine_costs import TokenWeightedMixin
     from vllm.v1.structured_output import StructuredOutputManager
 
     vllm_config, kv_cache_config = build_config(model_dir, block_size=BLOCK, num_blocks=1000, max_num_seqs=16,
@@ -129,14 +130,14 @@ def test_the_scheduler_starts_with_the_policy_passed_in(model_dir):
         return TokenWeightedScheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=BLOCK,
                                       structured_output_manager=StructuredOutputManager(vllm_config), log_stats=False)
 
-    before = vllm_scheduler._BOUND_POLICY
+    before = TokenWeightedMixin.qwen_bound
     try:
-        vllm_scheduler._BOUND_POLICY = None
+        TokenWeightedMixin.qwen_bound = (None, False)
         assert build().qwen_policy == PolicyConfig()
-        vllm_scheduler.bind_policy(Settings.from_flat({"sched_output_weight": 0.25}).scheduler)
+        patching.bind_policy(Settings.from_flat({"sched_output_weight": 0.25}).scheduler)
         assert build().qwen_policy.output_weight == 0.25
     finally:
-        vllm_scheduler._BOUND_POLICY = before
+        TokenWeightedMixin.qwen_bound = before
 
 
 def test_factory_picks_the_base_from_the_config(model_dir):
@@ -354,7 +355,7 @@ def test_measured_costs_replace_the_token_weight(model_dir):
     composition) and, after COST_MIN_STEPS busy steps, weighs requests in prefill-token equivalents: on an engine
     whose batch slots are the bottleneck an output token weighs many prompt tokens, so a long prompt is no longer
     ~15x a short one; with ``measured_costs`` off the token weight stays."""
-    from qwen_vllm_ext.scheduling import vllm_scheduler as vs
+    from qwen_vllm_ext.scheduling import engine_costs as vs
     from qwen_vllm_ext.scheduling.costs import StepCostModel
 
     slot_bound = StepCostModel(base=0.0053, per_request=5.1e-4, per_token=7.3e-6, per_ctx=4.4e-9)

@@ -21,26 +21,14 @@ def module_name(path: Path, package_root: Path, package: str) -> str:
     return ".".join([package, *parts])
 
 
-def _type_checking_only(tree: ast.AST) -> set[int]:
-    """ids of the nodes inside ``if TYPE_CHECKING:`` blocks (annotations only: no import at run time)."""
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            for stmt in node.body:
-                out |= {id(n) for n in ast.walk(stmt)}
-    return out
-
-
 def imports(path: Path, name: str) -> set[str]:
-    """Absolute names of every module ``path`` imports at run time (relative imports resolved; lazy imports
-    included; ``if TYPE_CHECKING:`` blocks left out)."""
+    """Absolute names of every module ``path`` imports (relative imports resolved; lazy imports included; imports
+    under ``if TYPE_CHECKING:`` counted too: a name an annotation needs ties the modules as much as a run-time
+    import does)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     is_package = path.name == "__init__.py"
-    typing_only = _type_checking_only(tree)
     out = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -98,6 +86,72 @@ def test_the_store_and_observability_import_no_capability(core):
             assert not bad, f"{name} imports {bad}"
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the application modules it imports (packages count as their ``__init__``)."""
+    modules = dict((name, path) for path, name in app_modules())
+    return {name: {m for m in imports(path, name) if m in modules and m != name} for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_module_imports_itself_back_through_others():
+    """No circle in the application's import graph (TYPE_CHECKING imports included): a circle means two modules
+    cannot be understood, tested or moved one without the other."""
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+def test_type_checking_imports_count(tmp_path):
+    pkg = tmp_path / "qwen_vllm_ext" / "common"
+    pkg.mkdir(parents=True)
+    (pkg / "x.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..kv.server import KvState\n")
+    assert "qwen_vllm_ext.kv.server" in imports(pkg / "x.py", "qwen_vllm_ext.common.x")
+
+
 def test_the_resolver_sees_relative_and_lazy_imports(tmp_path):
     pkg = tmp_path / "qwen_vllm_ext" / "usage"
     pkg.mkdir(parents=True)
@@ -134,3 +188,37 @@ def test_the_package_root_holds_the_public_entry_points_only():
     the plugin entry-point module and ``python -m qwen_vllm_ext --version``."""
     loose = sorted(p.stem for p in APP.glob("*.py"))
     assert loose == ["__init__", "__main__", "config", "demo", "doctor", "plugin", "serve"], loose
+
+
+def test_no_test_module_imports_a_test_module_or_a_conftest(tmp_path):
+    """Test modules share data, clients and servers through tests/helpers/ and tests/e2e/servers.py, never by
+    importing a test module (its body runs again under another name, its helpers have no home) or a conftest (fixtures
+    and hooks only). Every file under tests/ counts; relative, absolute and lazy imports, and the ``from``/``import``
+    lines of the scripts a test hands to a child interpreter (a string) too."""
+    import re
+
+    def offenders(root: Path) -> list[str]:
+        """``path: module`` for every import under ``root`` (a ``tests`` package) of a test module or a conftest."""
+        forbidden = {module_name(p, root, root.name) for p in root.rglob("*.py")
+                     if p.name.startswith("test_") or p.name == "conftest.py"}
+        found = []
+        for path in sorted(root.rglob("*.py")):
+            name = module_name(path, root, root.name)
+            text = path.read_text(encoding="utf-8")
+            in_strings = {m.group(2) for m in re.finditer(r"^\s*(from|import)\s+([\w.]+)", text, re.M)}
+            found += [f"{path.relative_to(root.parent)}: {m}" for m in sorted((imports(path, name) | in_strings)
+                                                                               & forbidden)]
+        return found
+
+    fake = tmp_path / "tests"
+    for package in (fake, fake / "unit", fake / "helpers"):
+        package.mkdir(exist_ok=True)
+        (package / "__init__.py").write_text("")
+    (fake / "conftest.py").write_text("LINES = {}\n")
+    (fake / "helpers" / "data.py").write_text("DATA = 1\n")
+    (fake / "unit" / "test_a.py").write_text("from ..helpers.data import DATA\nfrom ..conftest import LINES\n"
+                                             "def test_x():\n    from . import test_b\n")
+    (fake / "unit" / "test_b.py").write_text('CHILD = """\nimport sys\nfrom tests.unit.test_a import DATA\n"""\n')
+    assert offenders(fake) == ["tests/unit/test_a.py: tests.conftest", "tests/unit/test_a.py: tests.unit.test_b",
+                               "tests/unit/test_b.py: tests.unit.test_a"]
+    assert offenders(ROOT / "tests") == [], "move what they share to tests/helpers/ (e2e servers: tests/e2e/servers.py)"

@@ -22,7 +22,7 @@ def test_workloads_are_the_chat_messages_and_sixteen_long_documents():
 
 
 def test_the_batch_worker_checks_every_result_and_the_report_judges_the_target(monkeypatch):
-    from calculator_bench import workers  # importable once bench_calculator is (it puts benchmarks/ on sys.path)
+    from benchmarks.calculator_bench import workers
 
     monkeypatch.setattr(workers, "BATCH_ROUNDS", 2)
     out = bench.batch_worker(_corpus(), "")

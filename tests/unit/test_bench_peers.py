@@ -7,8 +7,8 @@ import unicodedata
 import pytest
 
 from benchmarks import bench_calculator as bench
-from calculator_bench import report, runner, workers  # importable once bench_calculator is (benchmarks/ on sys.path)
-from calculator_bench.corpus import GENERATION_PROMPT, add_multiturn, conversation_starts
+from benchmarks.calculator_bench import report, runner, workers
+from benchmarks.calculator_bench.corpus import GENERATION_PROMPT, add_multiturn, conversation_starts
 
 # 加拿大 and " سبيل" are tokens of the Qwen3.5/3.6 vocabulary that no merge makes: rank-order BPE over the ranks
 # (tiktoken) emits them, HF tokenizers (merges) does not -- docs/results/calculator.md

@@ -82,3 +82,21 @@ def test_public_settings_hide_secrets():
         assert secret not in public
     assert s.public()["admin_key"] == "***" and s.public()["ledger_redis_url"] == "redis://user:***@10.0.0.5:6379/0"
     assert Settings().public()["admin_key"] == ""  # unset stays visibly unset
+
+
+def test_settings_are_resolved_once_per_process_and_bill_through_one_object(monkeypatch):
+    """Issue 52: Settings.current() returns the same object while the QWEN_VLLM_EXT_* environment is unchanged (the
+    plugin, the hooks and the health route no longer re-parse it), a change is seen, and the billing object (policy +
+    prices) is built once per settings object."""
+    from qwen_v3_calculator.billing import Billing
+
+    monkeypatch.delenv("QWEN_VLLM_EXT_SETTINGS", raising=False)
+    monkeypatch.setenv("QWEN_VLLM_EXT_PRICE_PROMPT", "1")
+    first = Settings.current()
+    assert Settings.current() is first
+    assert isinstance(first.billing, Billing) and first.billing is first.billing
+    assert first.billing.prices == first.prices() and first.billing.policy.name == first.billing_policy
+    assert first.billing.cost_pico(1000, 0) == 10**9  # 1 USD per million prompt tokens: 1,000 cost a thousandth
+    monkeypatch.setenv("QWEN_VLLM_EXT_PRICE_PROMPT", "2")
+    second = Settings.current()
+    assert second is not first and second.billing.cost_pico(1000, 0) == 2 * 10**9

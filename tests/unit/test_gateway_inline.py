@@ -11,11 +11,10 @@ import types
 from qwen_v3_calculator import Calculator
 from qwen_v3_calculator.billing import get_policy
 from qwen_vllm_ext.config import Settings
-from qwen_vllm_ext.common.context import ServerContext
 from qwen_vllm_ext.gateway.admission import Served
 from qwen_vllm_ext.keys import KeyCache, SqliteKeyStore
 from qwen_vllm_ext.gateway.limiter import SqliteLimiter
-from qwen_vllm_ext.gateway.middleware import GatewayMiddleware
+from qwen_vllm_ext.gateway.middleware import GatewayMiddleware, GatewayState
 
 
 def _gateway(tmp_path):
@@ -31,16 +30,15 @@ def _gateway(tmp_path):
         await send({"type": "http.response.body", "body": b"{}"})
 
     gw = GatewayMiddleware(app, settings=settings, keys=KeyCache(keys), limiter=limiter,
-                           policy=get_policy("default"), inline_limiter=inline)
+                           policy=get_policy("default"), inline_limiter=inline,
+                           state=GatewayState(admission=Served(Calculator(), 4096, names=("m",))))
     return gw, secret, key, limiter, inline
 
 
 def _call(gw, secret):
-    state = types.SimpleNamespace(qwen_vllm_ext=ServerContext(settings=gw.settings,
-                                                                admission=Served(Calculator(), 4096, names=("m",))))
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}).encode()
     scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST", "state": {},
-             "app": types.SimpleNamespace(state=state), "headers": [(b"authorization", f"Bearer {secret}".encode())]}
+             "app": types.SimpleNamespace(state=types.SimpleNamespace()), "headers": [(b"authorization", f"Bearer {secret}".encode())]}
     messages = [{"type": "http.request", "body": body, "more_body": False}]
     sent = []
 

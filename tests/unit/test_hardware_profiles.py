@@ -7,7 +7,7 @@ import pytest
 from qwen_vllm_ext.launcher.hardware import GPU, detect_gpus, parse_nvidia_smi
 from qwen_vllm_ext.profiles import ProfileError, check_hardware, load_profile, profile_names, select_profile
 
-from ..conftest import NVIDIA_SMI_LINES
+from ..helpers.hardware import NVIDIA_SMI_LINES
 
 
 def gpus_for(kind):

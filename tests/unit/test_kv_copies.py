@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from .test_cpu_mamba_kernels import COPY_FUNCS, LAYERS, World, assert_same_bytes, ref_precopy, run_precopy  # noqa: E402
+from ..helpers.mamba_kernels import COPY_FUNCS, LAYERS, World, assert_same_bytes, ref_precopy, run_precopy  # noqa: E402
 
 UNIT = 16
 

@@ -92,26 +92,45 @@ def test_served_template_for_the_calculator():
 
 
 # ------------------------------------------------------------------------------------------- conversation ids
+def _cid(headers, body):
+    return reuse.conversation_id(reuse.conversation_header(headers), body)
+
+
+def _check(headers):
+    return reuse.check_conversation(reuse.conversation_header(headers))
+
+
 def test_conversation_id_from_header_or_user_field():
     h = [(b"X-Conversation-Id", b"conv-1")]
-    assert reuse.conversation_id(h, {"user": "u"}) == "conv-1"
-    assert reuse.conversation_id([], {"user": "alice"}) == "alice"
-    assert reuse.conversation_id([], {"user": ""}) is None
-    assert reuse.conversation_id([], {"user": "x" * 257}) is None
-    assert reuse.conversation_id([], {"user": 7}) is None
-    assert reuse.conversation_id([], {}) is None
-    assert reuse.check_conversation_header(h) is None
-    assert reuse.check_conversation_header([(b"x-conversation-id", b"bad id!")])[0].startswith("x-conversation-id must be")
-    assert reuse.check_conversation_header([(b"x-conversation-id", b"a" * 129)]) is not None
+    assert _cid(h, {"user": "u"}) == "conv-1"
+    assert _cid([], {"user": "alice"}) == "alice"
+    assert _cid([], {"user": ""}) is None
+    assert _cid([], {"user": "x" * 257}) is None
+    assert _cid([], {"user": 7}) is None
+    assert _cid([], {}) is None
+    assert _check(h) is None
+    assert _check([(b"x-conversation-id", b"bad id!")])[0].startswith("x-conversation-id must be")
+    assert _check([(b"x-conversation-id", b"a" * 129)]) is not None
 
 
 def test_session_header_wins_it_is_the_one_the_router_hashes():
     both = [(b"x-conversation-id", b"old-name"), (b"X-Session-Id", b"sess-1")]
-    assert reuse.conversation_id(both, {"user": "u"}) == "sess-1"
-    assert reuse.conversation_id([(b"x-session-id", b"s")], {}) == "s"
-    assert reuse.check_conversation_header([(b"x-session-id", b"bad id!")]) == (
-        reuse.check_conversation_header([(b"x-session-id", b"bad id!")])[0], "x-session-id")
-    assert reuse.check_conversation_header([(b"x-session-id", b"bad id!")])[0].startswith("x-session-id must be")
+    assert _cid(both, {"user": "u"}) == "sess-1"
+    assert _cid([(b"x-session-id", b"s")], {}) == "s"
+    assert _check([(b"x-session-id", b"bad id!")]) == (_check([(b"x-session-id", b"bad id!")])[0], "x-session-id")
+    assert _check([(b"x-session-id", b"bad id!")])[0].startswith("x-session-id must be")
+
+
+def test_the_conversation_header_is_read_once_per_request():
+    """The KV middleware validates it and the ledger records it from the request context: one parse."""
+    from qwen_vllm_ext.common.context import request_context
+
+    scope = {"headers": [(b"x-session-id", b"sess-2")], "state": {}}
+    assert reuse.request_conversation_header(scope) == ("x-session-id", "sess-2")
+    scope["headers"] = [(b"x-session-id", b"changed")]  # not read again
+    assert reuse.request_conversation_header(scope) == ("x-session-id", "sess-2")
+    assert request_context(scope).conversation_header == ("x-session-id", "sess-2")
+    assert reuse.request_conversation_header({"headers": [], "state": {}}) is None
 
 
 def test_reuse_tracker_ratio_and_lru_bound():
@@ -125,8 +144,11 @@ def test_reuse_tracker_ratio_and_lru_bound():
     assert len(t) == 2 and t.observe("a", 300, 200, 0) is None
     with pytest.raises(ValueError):
         reuse.ReuseTracker(0)
-    assert reuse.configure(5).capacity == 5 and reuse.tracker().capacity == 5
-    reuse.configure(10000)
+    from qwen_vllm_ext.config import Settings
+    from qwen_vllm_ext.kv import server
+
+    app = types.SimpleNamespace(add_middleware=lambda *a, **k: None)
+    assert server.attach(app, Settings(kv_reuse_tracker_size=5)).tracker.capacity == 5  # sized by the setting
 
 
 # ------------------------------------------------------------------------------------------- ledger columns
@@ -419,5 +441,5 @@ def test_client_sends_the_session_header_the_tracker_reads():
 
     assert SESSION_HEADER.lower().encode() == reuse.SESSION_HEADER
     headers = Client("http://x")._headers("rid-1", "conv-9")
-    assert reuse.conversation_id([(k.encode(), v.encode()) for k, v in headers.items()], {}) == "conv-9"
+    assert _cid([(k.encode(), v.encode()) for k, v in headers.items()], {}) == "conv-9"
     assert SESSION_HEADER not in Client("http://x")._headers("rid-1")

@@ -13,7 +13,8 @@ import pytest
 
 from qwen_v3_calculator.chat import REUSE_TEMPLATES, count_chat, render_chat, template_path
 from qwen_vllm_ext.kv.reuse import common_prefix
-from tests.unit.test_chat_count import CONVERSATIONS, HFAdapter, jinja_render
+from tests.helpers.chat_reference import HFAdapter, jinja_render
+from tests.helpers.conversations import CONVERSATIONS
 
 
 # reuse template -> the official template it derives from (also the family's name in jinja_render)

@@ -14,10 +14,8 @@ The reference is HF ``tokenizers`` loading the files ``hf_export.write_tokenizer
 """
 import json
 import random
-import sys
 import unicodedata
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -26,9 +24,8 @@ import tokenizers
 from qwen_v3_calculator import hf_export
 from qwen_v3_calculator.tokenizer import Tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from calculator_bench.common import LANG_SLICES, SEED  # noqa: E402
-from calculator_bench.languages import language_slices  # noqa: E402
+from benchmarks.calculator_bench.common import LANG_SLICES, SEED
+from benchmarks.calculator_bench.languages import language_slices
 
 FLAVORS = ("qwen3", "qwen3.6")
 # the two sizes the benchmark builds: --quick (0.3 MB, 1500 chat) and the default (4 MB, 10000 chat)

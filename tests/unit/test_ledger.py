@@ -1,7 +1,6 @@
 """The usage ledger on real SQLite and a real redis-server (no mocks): identical assertions for both stores."""
 from __future__ import annotations
 
-import calendar
 import collections
 import csv
 from decimal import Decimal
@@ -23,28 +22,10 @@ import pytest
 from qwen_vllm_ext.usage import __main__ as cli
 from qwen_vllm_ext.usage.ledger import (STATUSES, LedgerRecord, LedgerUnavailable, LedgerWriteError,
                                         LedgerWriter, RedisLedgerStore, SqliteLedgerStore, open_store, utc_day)
+from tests.helpers.ledger import DAY0, KEYS, make
 from tests.redis_server import RedisServer, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DAY0 = float(calendar.timegm((2025, 3, 1, 0, 0, 0)))      # a UTC midnight
-KEYS = ["key-a", "key-b", "key:c", None]                   # None = gateway off
-MODELS = ["Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"]
-
-
-def make(rid: str, i: int = 0, **kw) -> LedgerRecord:
-    """A deterministic record; billing: input 1.0, cached 0.1, output 1.35 (all in integer micro-units)."""
-    prompt, completion = 10 + i % 97, 1 + i % 53
-    cached = min(prompt, (i % 7) * 3)
-    data = dict(request_id=rid, instance_id=f"inst-{i % 2}", model=MODELS[i % 2], endpoint="/v1/chat/completions",
-                status=STATUSES[i % 5], http_status=200, prompt_tokens=prompt, cached_tokens=cached,
-                completion_tokens=completion, reasoning_tokens=i % 5, engine_prompt_tokens=prompt,
-                billed_prompt_micro=(prompt - cached) * 1_000_000 + cached * 100_000,
-                billed_completion_micro=completion * 1_350_000,
-                received_at=DAY0 + i * 97.3, finished_at=DAY0 + i * 97.3 + 1.25, ttft_s=0.05 if i % 3 else None,
-                latency_s=1.25, streamed=bool(i % 2), api_key_id=KEYS[i % 4],
-                cost_pico_usd=(prompt - cached) * 150_000 + cached * 75_000 + completion * 600_000)  # $0.15/0.075/0.6 per M
-    data.update(kw)
-    return LedgerRecord(**data)
 
 
 # ------------------------------------------------------------------------------------------- fixtures
@@ -389,7 +370,7 @@ def test_the_same_writer_replays_its_spill_when_redis_is_back(tmp_path, trigger)
 KILL_CHILD = textwrap.dedent("""
     import sys, threading, time
     sys.path.insert(0, sys.argv[4])
-    from tests.unit.test_ledger import make
+    from tests.helpers.ledger import make
     from qwen_vllm_ext.usage.ledger import LedgerWriter, open_store
     w = LedgerWriter(open_store(sys.argv[1], sys.argv[2]), batch_max=16, linger_s=0.001, spill_dir=sys.argv[3])
     lock = threading.Lock()

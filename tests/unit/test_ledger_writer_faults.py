@@ -18,7 +18,7 @@ from qwen_vllm_ext.usage.ledger import (LedgerDeadLettered, LedgerRecord, Ledger
                                         SqliteLedgerStore)
 from qwen_vllm_ext.usage.ledger import writer as writer_module
 from qwen_vllm_ext.usage.ledger.writer import read_dead_letter
-from tests.unit.test_ledger import make
+from tests.helpers.ledger import make
 
 
 class Unchecked(LedgerRecord):
@@ -319,7 +319,7 @@ def test_qwen_ext_health_reports_the_spill_as_not_ready_and_metrics_count_dead_l
 SIGTERM_CHILD = """
 import signal, sys, threading, time
 sys.path.insert(0, sys.argv[2])
-from tests.unit.test_ledger import make
+from tests.helpers.ledger import make
 from qwen_vllm_ext.usage.ledger import LedgerWriter, SqliteLedgerStore
 
 class Hung(SqliteLedgerStore):

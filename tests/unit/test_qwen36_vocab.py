@@ -20,7 +20,8 @@ import qwen_v3_calculator as q
 from qwen_v3_calculator import Calculator, VocabularyMissing, hf_export, tokenizer as tokenizer_mod, vocab
 from qwen_v3_calculator.tokenizer import Tokenizer
 
-from .test_chat_count import CONVERSATIONS, HFAdapter, jinja_render
+from ..helpers.chat_reference import HFAdapter, jinja_render
+from ..helpers.conversations import CONVERSATIONS
 
 OFFICIAL_VOCAB_JSON = (6_722_759, "ce99b4cb2983d118806ce0a8b777a35b093e2000a503ebde25853284c9dfa003")
 OFFICIAL_MERGES_TXT = (3_353_259, "a9d356d7bdf1ef4949e3e748e95b8e10ad9d4e2e838eddc38a0a7b6b94d1db8d")
