@@ -195,7 +195,6 @@ def health_report(app=None) -> dict:
     from ..gateway.vllm_connections import status as connections_status
     from ..kv.server import status as kv_status
     from ..scheduling.metrics import scheduler_status
-    from ..usage.metrics import ledger_health
 
     local = register_general()
     state = find_app_state(app) if app is not None else None
@@ -217,7 +216,7 @@ def health_report(app=None) -> dict:
         "kv_reuse": kv_status(state.kv if state is not None else None),
         "connections": connections_status(),
         # None without the ledger; ready false while its writer is stopped or spilling (reported, not a failed probe)
-        "ledger": ledger_health(),
+        "ledger": state.usage.health() if state is not None and state.usage is not None else None,
         "processes": processes,
         "settings": (state.settings if state is not None else Settings.current()).public(),
         "launch": _launch(),

@@ -176,11 +176,6 @@ class LedgerCollector:
 _collector: LedgerCollector | None = None
 
 
-def ledger_health() -> dict | None:
-    """The ``ledger`` section of ``/qwen_ext/health`` (None: no ledger in this process)."""
-    return None if _collector is None else _collector.health()
-
-
 def register_collector(writer, store, instance_id: str, per_key: bool = True) -> LedgerCollector:
     """Register (once per process; a later call replaces the previous server's collector) and start it (``per_key``:
     :func:`catalog.per_key_series` of the server's settings)."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .ledger import LedgerStore
+    from .metrics import LedgerCollector
 
 logger = logging.getLogger("qwen_vllm_ext.usage")
 
@@ -23,9 +24,14 @@ def instance_id() -> str:
 
 @dataclasses.dataclass
 class UsageState:
-    """This API server's ledger: its store (the gateway's spike breaker reads baselines from it)."""
+    """This API server's ledger: its store (the gateway's spike breaker reads baselines from it) and its metrics
+    collector (the health route's ``ledger`` section)."""
 
     store: LedgerStore | None = None
+    collector: LedgerCollector | None = None
+
+    def health(self) -> dict | None:
+        return None if self.collector is None else self.collector.health()
 
 
 def attach(app, settings, served, billing, reuse=None) -> UsageState | None:
@@ -52,7 +58,7 @@ def attach(app, settings, served, billing, reuse=None) -> UsageState | None:
                           on_failure=lambda _e: store_result("ledger", False), on_count=observe_writer,
                           on_stop=observe_writer_stop)
     writer.replay_spill()
-    register_collector(writer, store, instance_id(), per_key=catalog.per_key_series(settings))
+    collector = register_collector(writer, store, instance_id(), per_key=catalog.per_key_series(settings))
     declare("ledger")
     # The writer closes itself at interpreter exit, bounded (ledger.writer.CLOSE_TIMEOUT_S): what the store has not
     # taken by then is spilled for the next start. No unbounded close here: SIGTERM must not hang on a stuck store.
@@ -77,4 +83,4 @@ def attach(app, settings, served, billing, reuse=None) -> UsageState | None:
                        on_commit=metrics()["write"].observe)
     app.add_middleware(LedgerHealthGate, writer=writer)  # vLLM's /health fails (503) while the writer is stopped
     logger.info("qwen-vllm-ext: usage ledger on %s (%s)", where.backend, safe_url(where.target))
-    return UsageState(store=store)
+    return UsageState(store=store, collector=collector)
