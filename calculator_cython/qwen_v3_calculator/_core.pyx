@@ -2169,6 +2169,11 @@ cdef class Engine:
                             j += 1
                             j += qv3_ascii_letters(s + j, n - j)
                             continue
+                        if s[j] < 0xE0:      # two bytes (Latin, Greek, Cyrillic, Arabic, Hebrew): decoded in place
+                            if not (cls[((s[j] & 0x1F) << 6) | (s[j + 1] & 0x3F)] & LET):
+                                break
+                            j += 2
+                            continue
                         c1 = _dec(s, j, &l1)
                         if not (cls[c1] & LET):
                             break
