@@ -44,11 +44,10 @@ def init_state(state, engine_client, served, settings, billing, args) -> None:
     from . import vllm_requests
     from .admission import Served
 
-    names = getattr(args, "served_model_name", None) or [args.model]
     state.admission = Served(
         calculator=served.calculator,
         max_model_len=engine_client.model_config.max_model_len,
-        names=tuple([names] if isinstance(names, str) else names),
+        names=served.names,
         engine_fields=vllm_requests.request_fields(),
         template_defaults=dict(getattr(args, "default_chat_template_kwargs", None) or {}),
         exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none", False)),

@@ -84,8 +84,7 @@ async def init_state(state, engine_client, args) -> None:
             provider_server.init_state(state.listing, engine_client, settings, settings.billing, args)
         elif name == "kv":
             from ..kv import server as kv_server
-            from ..kv.server import KvState
 
             if state.kv is None:  # init_state without attach (a source-patched vLLM's hooks run both; tests may not)
-                state.kv = KvState()
+                state.kv = kv_server.KvState()
             await kv_server.init_state(state.kv, engine_client, settings, args)
