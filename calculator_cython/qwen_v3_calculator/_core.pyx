@@ -303,6 +303,8 @@ DEF JBLOOM_BITS = 22   # junction filter (512 KiB): the characters around the ju
 DEF LC_BITS = 13       # long-piece cache: 2**13 direct-mapped entries (192 KiB) ...
 DEF LC_ARENA = 1 << 21 # ... over a 2 MiB ring of the pieces' bytes and ids; both allocated on first use
 DEF LC_MAX = 4096      # longest piece the long-piece cache keeps (bytes)
+DEF LC_LEN = 0xFFFF     # LongEnt.n: the piece's length (<= LC_MAX) ...
+DEF LC_COUNT_ONLY = 0x10000  # ... and this bit: the record holds the count alone (count(), not encode())
 DEF PIPE = 16          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
 DEF SBASE = 0xAC00
 DEF LBASE = 0x1100
@@ -518,7 +520,7 @@ ctypedef struct CharEnt:  # a multi-byte character whose own token may start the
 ctypedef struct LongEnt:  # a cached piece of more than CACHE_KEY bytes: its record is at pos in the ring
     uint64_t h            # _hbytes of the piece
     uint64_t pos          # ring position (monotonic; the record is intact while lc_pos - pos <= LC_ARENA)
-    uint32_t n            # bytes
+    uint32_t n            # bytes, LC_COUNT_ONLY set when no ids follow (a count() record)
     uint32_t nids         # ids, stored after the bytes (4-byte aligned)
 
 ctypedef struct RiskHdr:
@@ -2007,37 +2009,52 @@ cdef class Engine:
         return 0
 
     cdef int _long(self, const uint8_t* p, Py_ssize_t n) except -1 nogil:
-        """A piece of more than CACHE_KEY bytes: cut where no token spans (_build_junctions), each part
-        through the piece cache or, when still long, the long-piece cache and BPE."""
-        cdef Py_ssize_t i, iz, xs = 0, a = 0
+        """A piece of more than CACHE_KEY bytes: the long-piece cache first (keyed by all its bytes: a piece seen
+        before costs one lookup, not a walk over its junctions), else cut where no token spans
+        (_build_junctions), each part through the piece cache or, when still long, the long-piece cache and
+        BPE; the whole piece's result is then cached."""
+        cdef Py_ssize_t i, iz, xs = 0, a = 0, st = self.nout
+        cdef int64_t c_st = self.counted
         cdef int lx, ly, lz = 0
         cdef uint32_t c0 = 0, x, y, z = 0
         cdef bint hasz
         cdef uint64_t w[3]
-        if self.jbloom != NULL:     # n > CACHE_KEY bytes: at least two characters
-            x = _dec(p, 0, &lx)
-            i = lx
-            y = _dec(p, i, &ly)
-            while True:             # the junction x | y at i; x starts at xs, c0 before it when xs > 0, z after y
-                iz = i + ly
-                hasz = iz < n
-                if hasz:
-                    z = _dec(p, iz, &lz)
-                if self._cut(p + i, xs > 0, c0, x, y, hasz, z):
-                    self.splits += 1
-                    self._part(p + a, i - a, w)
-                    a = i
-                if not hasz:
-                    break
-                c0 = x
-                xs = i
-                x = y
-                y = z
-                i = iz
-                ly = lz
-            if a > 0:
-                return self._part(p + a, n - a, w)
-        return self._long_part(p, n)
+        cdef uint64_t h = 0
+        if self.jbloom == NULL:
+            return self._long_part(p, n)
+        if n <= LC_MAX:
+            h = _hbytes(p, n)
+            if self._lc_hit(p, n, h):
+                return 0
+        x = _dec(p, 0, &lx)         # n > CACHE_KEY bytes: at least two characters
+        i = lx
+        y = _dec(p, i, &ly)
+        while True:                 # the junction x | y at i; x starts at xs, c0 before it when xs > 0, z after y
+            iz = i + ly
+            hasz = iz < n
+            if hasz:
+                z = _dec(p, iz, &lz)
+            if self._cut(p + i, xs > 0, c0, x, y, hasz, z):
+                self.splits += 1
+                self._part(p + a, i - a, w)
+                a = i
+            if not hasz:
+                break
+            c0 = x
+            xs = i
+            x = y
+            y = z
+            i = iz
+            ly = lz
+        if a == 0:                  # no cut: BPE of the whole piece, cached under the same key
+            return self._long_bpe(p, n, h, n <= LC_MAX)
+        self._part(p + a, n - a, w)
+        if n <= LC_MAX:             # counting: the count alone (a record encode() does not take)
+            if self.counting:
+                self._lc_put(p, n, h, NULL, <Py_ssize_t> (self.counted - c_st))
+            else:
+                self._lc_put(p, n, h, self.out + st, self.nout - st)
+        return 0
 
     cdef inline int _part(self, const uint8_t* p, Py_ssize_t n, uint64_t* w) except -1 nogil:
         if n == 1:
@@ -2049,29 +2066,65 @@ cdef class Engine:
 
     cdef int _long_part(self, const uint8_t* p, Py_ssize_t n) except -1 nogil:
         """A long piece no junction cuts: the long-piece cache (keyed by all its bytes), else BPE."""
-        cdef int32_t t
-        cdef Py_ssize_t m, size
         cdef uint64_t h = 0
-        cdef LongEnt* le = NULL
-        cdef uint8_t* rec
         if n <= LC_MAX:
-            if self.lc == NULL:
-                self._lc_alloc()
             h = _hbytes(p, n)
-            le = &self.lc[h & ((1 << LC_BITS) - 1)]
-            if le.h == h and le.n == n and self.lc_pos - le.pos <= LC_ARENA:
-                rec = self.lc_ring + (le.pos & (LC_ARENA - 1))
-                if memcmp(rec, p, n) == 0:
-                    self.long_hits += 1
-                    if self.counting:
-                        self.counted += le.nids
-                    else:
-                        self._ensure_out(le.nids)
-                        memcpy(self.out + self.nout, rec + ((n + 3) & ~3), le.nids * sizeof(int32_t))
-                        self.nout += le.nids
-                    return 0
+            if self._lc_hit(p, n, h):
+                return 0
+        return self._long_bpe(p, n, h, n <= LC_MAX)
+
+    cdef bint _lc_hit(self, const uint8_t* p, Py_ssize_t n, uint64_t h) except -1 nogil:
+        """Emit the long piece p[0:n] (hash h) from the long-piece cache; False when it does not hold it (or
+        holds only its count and ids are wanted)."""
+        cdef LongEnt* le
+        cdef uint8_t* rec
+        if self.lc == NULL:
+            self._lc_alloc()
+        le = &self.lc[h & ((1 << LC_BITS) - 1)]
+        if le.h != h or (le.n & LC_LEN) != n or self.lc_pos - le.pos > LC_ARENA:
+            return False
+        if not self.counting and (le.n & LC_COUNT_ONLY):
+            return False
+        rec = self.lc_ring + (le.pos & (LC_ARENA - 1))
+        if memcmp(rec, p, n) != 0:
+            return False
+        self.long_hits += 1
+        if self.counting:
+            self.counted += le.nids
+        else:
+            self._ensure_out(le.nids)
+            memcpy(self.out + self.nout, rec + ((n + 3) & ~3), le.nids * sizeof(int32_t))
+            self.nout += le.nids
+        return True
+
+    cdef int _lc_put(self, const uint8_t* p, Py_ssize_t n, uint64_t h, const int32_t* ids, Py_ssize_t m) \
+            except -1 nogil:
+        """Cache the long piece p[0:n] (hash h, n <= LC_MAX) with its m ids, or (ids NULL) its count m alone."""
+        cdef Py_ssize_t size = ((n + 3) & ~3) + (m * <Py_ssize_t> sizeof(int32_t) if ids != NULL else 0)
+        cdef LongEnt* le
+        cdef uint8_t* rec
+        if self.lc == NULL:
+            self._lc_alloc()
+        le = &self.lc[h & ((1 << LC_BITS) - 1)]
+        if (self.lc_pos & (LC_ARENA - 1)) + size > LC_ARENA:
+            self.lc_pos = (self.lc_pos | (LC_ARENA - 1)) + 1    # wrap: the record never straddles the end
+        rec = self.lc_ring + (self.lc_pos & (LC_ARENA - 1))
+        memcpy(rec, p, n)
+        if ids != NULL:
+            memcpy(rec + ((n + 3) & ~3), ids, m * sizeof(int32_t))
+        le.h = h
+        le.n = <uint32_t> n | (0 if ids != NULL else LC_COUNT_ONLY)
+        le.nids = <uint32_t> m
+        le.pos = self.lc_pos
+        self.lc_pos += size
+        return 0
+
+    cdef int _long_bpe(self, const uint8_t* p, Py_ssize_t n, uint64_t h, bint cache) except -1 nogil:
+        """A long piece by its own vocabulary entry or BPE (cached when cache: its hash is h)."""
+        cdef int32_t t
+        cdef Py_ssize_t m
         if n <= self.maxtok:
-            t = self._vlookup_h(p, n, h) if le != NULL else self._vlookup(p, n)
+            t = self._vlookup_h(p, n, h) if cache else self._vlookup(p, n)
             if t >= 0 and self.selfok[t]:
                 return self._emit1(t)
         if n > SHORT_BPE:
@@ -2081,18 +2134,8 @@ cdef class Engine:
         if m < 0:
             with gil:
                 raise MemoryError()
-        if le != NULL:
-            size = ((n + 3) & ~3) + m * <Py_ssize_t> sizeof(int32_t)
-            if (self.lc_pos & (LC_ARENA - 1)) + size > LC_ARENA:
-                self.lc_pos = (self.lc_pos | (LC_ARENA - 1)) + 1    # wrap: the record never straddles the end
-            rec = self.lc_ring + (self.lc_pos & (LC_ARENA - 1))
-            memcpy(rec, p, n)
-            memcpy(rec + ((n + 3) & ~3), self.out + self.nout, m * sizeof(int32_t))
-            le.h = h
-            le.n = <uint32_t> n
-            le.nids = <uint32_t> m
-            le.pos = self.lc_pos
-            self.lc_pos += size
+        if cache:
+            self._lc_put(p, n, h, self.out + self.nout, m)
         if self.counting:
             self.counted += m
         else:

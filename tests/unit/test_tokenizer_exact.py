@@ -509,6 +509,31 @@ def test_long_pieces_cut_where_no_token_spans(pairs, script_tokens, rule):
     assert engine.long_hits > hits
 
 
+def test_long_piece_repeat_is_one_lookup_and_encode_never_takes_a_count(pairs, script_tokens):
+    """A long piece the junctions cut is cached whole after its first pass: its repeat is one long-piece cache
+    lookup, with no walk over its junctions (Engine.splits unchanged). count() caches the count alone, which
+    encode() does not take. Each text counted twice, encoded twice, on one fresh engine: HF's counts and ids every
+    time, and the repeats cut nothing."""
+    ref, ours = pairs["qwen36"]
+    rnd = random.Random(11)
+    texts = ["".join(rnd.choice(toks) for _ in range(rnd.randint(10, 40)))
+             for toks in script_tokens[len(ref.get_vocab())] for _ in range(8)]
+    expected = _ref_ids(ref, texts)
+    engine = ours._engine.clone()
+    for text, ids in zip(texts, expected):
+        first = engine.splits
+        assert engine.count(text) == len(ids)
+        splits, hits = engine.splits, engine.long_hits
+        assert engine.count(text) == len(ids)
+        assert engine.splits == splits, text    # the whole piece again: its record, not its junctions
+        assert engine.long_hits > hits or splits == first   # (a text nothing was cut in may have no long piece)
+        assert engine.encode(text) == ids, text  # its count-only record is not taken for ids
+        splits = engine.splits
+        assert engine.encode(text) == ids
+        assert engine.splits == splits, text
+    assert engine.splits > 0
+
+
 def test_long_piece_cache_ring_wraps(pairs):
     """More distinct long pieces than the long-piece cache's 2 MiB ring holds (runs of one letter, which no junction
     cuts), with the first ones again after the ring has wrapped (their records overwritten) and again right after
