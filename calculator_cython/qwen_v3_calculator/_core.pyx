@@ -285,6 +285,7 @@ DEF F_M = 4
 DEF F_WS = 8
 DEF F_UNSAFE = 16      # not NFC_QC=Yes, or ccc != 0
 DEF F_CRLF = 32
+DEF F_OMARK = 64      # F_UNSAFE only for ccc != 0: NFC_QC=Yes, no decomposition, in no composition pair
 DEF PAIR_ID_BITS = 20  # merge table: one uint64 per merge, left id | right id | rank (see Engine._pinsert)
 DEF PAIR_RANK_BITS = 24
 DEF NO_RANK = 0xFFFFFF # PAIR_RANK_BITS ones: an empty slot's rank, and "no merge" out of _prank
@@ -388,6 +389,13 @@ def init_unicode_tables(dict data):
         cls[c] |= F_UNSAFE
     for c in range(TBASE + 1, TBASE + TCOUNT):
         cls[c] |= F_UNSAFE
+    # marks that are unsafe only for their combining class (NFC_QC=Yes): in canonical order after what precedes
+    # them they leave a text in NFC (UAX #15's quick check), so _text records them only when out of order
+    paired = {a for a, _, _ in comp} | {b for _, b, _ in comp} | {c for _, _, c in comp} | set(d for d, _ in dec)
+    for a, b, v in data["ccc"]:
+        for c in range(a, b + 1):
+            if v and c not in paired and not (VBASE <= c < VBASE + VCOUNT or TBASE < c < TBASE + TCOUNT):
+                cls[c] |= F_OMARK
     for c in range(0x4000, 0xA000):   # _nfc_unsafe decides these without the table
         if cls[c] & F_UNSAFE:
             raise ValueError(f"U+{c:04X} is not NFC-safe in these tables; _nfc_unsafe assumes U+4000..U+9FFF are")
@@ -472,10 +480,16 @@ cdef inline int64_t _compose(uint32_t a, uint32_t b) noexcept nogil:
 
 cdef inline bint _nfc_unsafe(uint32_t c) noexcept nogil:
     """Is c not NFC-safe (F_UNSAFE: not NFC_QC=Yes, or ccc != 0)? No character below U+0300 is, nor any of
-    U+4000..U+9FFF (init_unicode_tables checks): those are decided without the table. The encoder (_text) records
-    the offset of every such character of a text; NFC (_nfc) works from that list and from nothing else. A text
-    without one is in NFC: such characters never change, combine with or reorder around others."""
+    U+4000..U+9FFF (init_unicode_tables checks): those are decided without the table."""
     return c >= 0x300 and (c < 0x4000 or c >= 0xA000) and (CLS[c] & F_UNSAFE) != 0
+
+
+cdef inline bint _nfc_recorded(uint32_t c, uint32_t prev) noexcept nogil:
+    """Does the encoder (_text) record the not NFC-safe character c after prev (0: none) for NFC? All of them but
+    a mark that is unsafe only for its combining class (F_OMARK: NFC_QC=Yes, no decomposition, in no composition)
+    whose class is not below prev's: UAX #15's quick check says a text of NFC_QC=Yes characters in canonical order
+    is in NFC. NFC (_nfc) works from the recorded offsets and nothing else; a text without one is in NFC."""
+    return not (CLS[c] & F_OMARK) or CCC[prev] > CCC[c]
 
 
 # ---------------------------------------------------------------- C data structures of the engine
@@ -2311,7 +2325,7 @@ cdef class Engine:
         return 0
 
     cdef Py_ssize_t _nfc(self, const uint8_t* s, Py_ssize_t n, Py_ssize_t u) except -1 nogil:
-        """NFC of a UTF-8 segment whose first F_UNSAFE character is at u, into self.nbuf; returns its length.
+        """NFC of a UTF-8 segment whose first recorded character (_nfc_recorded) is at u, into self.nbuf; returns its length.
         NFC(x + y) = NFC(x) + NFC(y) when y starts with a character that is NFC_QC=Yes with ccc 0 (it has
         a normalization boundary before it), and a run of such characters is its own NFC: so only the chunks
         from the safe character before an unsafe run to the next safe character are normalized (one
@@ -2321,10 +2335,12 @@ cdef class Engine:
         cdef int ln
         while u >= 0:
             a = i + u
-            if a > i:                       # the safe character before: the unsafe ones may combine with it
-                a -= 1
+            while a > i:                    # back to the safe character before: the unsafe ones may combine with
+                a -= 1                      # it (marks in canonical order before u are not recorded: _nfc_recorded)
                 while a > i and (s[a] & 0xC0) == 0x80:
                     a -= 1
+                if not (CLS[_dec(s, a, &ln)] & F_UNSAFE):
+                    break
             b = i + u
             while b < n:
                 if not (CLS[_dec(s, b, &ln)] & F_UNSAFE) and b > i + u:
@@ -2335,7 +2351,7 @@ cdef class Engine:
             o += a - i
             o += self._nfc_span(s + a, b - a, o)
             i = b
-            u = self._next_unsafe(s + i, n - i)     # (_text recorded them all)
+            u = self._next_unsafe(s + i, n - i)     # (_text recorded every one NFC may change)
         self._nbuf_reserve(o + (n - i) + 1)
         memcpy(self.nbuf + o, s + i, n - i)
         return o + (n - i)
@@ -2529,8 +2545,9 @@ cdef class Engine:
                 if 0xD800 <= c < 0xE000:
                     self.badpos = k
                     return 1
-                check = True
-                self._upos_push(m)
+                if _nfc_recorded(c, u2[k - 1] if k > 0 else 0):
+                    check = True
+                    self._upos_push(m)
                 m += _put_utf8(o + m, c)
                 k += 1
         else:
@@ -2540,7 +2557,7 @@ cdef class Engine:
                 if 0xD800 <= c < 0xE000:
                     self.badpos = k
                     return 1
-                if _nfc_unsafe(c):
+                if _nfc_unsafe(c) and _nfc_recorded(c, u4[k - 1] if k > 0 else 0):
                     check = True
                     self._upos_push(m)
                 m += _put_utf8(o + m, c)

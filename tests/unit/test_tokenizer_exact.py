@@ -157,6 +157,39 @@ def test_non_nfc_chunks_inside_long_text(pairs, rule):
     assert_same(pairs[rule], texts)
 
 
+# marks of every combining class that compose with nothing (NFC_QC=Yes): Thai tone marks and vowels, Devanagari
+# nukta and virama, Arabic harakat, Hebrew points, Latin combining marks below and above, a supplementary one
+ORDERED_MARKS = ["\u0e48", "\u0e49", "\u0e38", "\u0e39", "\u0e3a", "\u093c", "\u094d", "\u064b", "\u064e",
+                 "\u0650", "\u0651", "\u0652", "\u05b0", "\u05b4", "\u05bc", "\u05c1", "\u0316", "\u0317",
+                 "\u031b", "\u0334", "\u0346", "\u0359", "\u035c", "\u1dc0", "\U0001e8d0", "\U00011c3f"]
+MARK_STARTERS = ["a", "\u00e9", "\u0e01", "\u0e2a", "\u0915", "\u0628", "\u05d0", "\uac00", "\u1100", "\u4e2d",
+                 " ", "\U0001f642", "<|im_start|>", "<|endoftext|>"]
+
+
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled", "qwen35-raw", "qwen36"])
+def test_marks_in_and_out_of_canonical_order(pairs, rule):
+    """A mark that is not NFC-safe only for its combining class (NFC_QC=Yes) is left alone when it follows a
+    character of a class not above its own (UAX #15's quick check: such a text is already NFC), and normalized
+    with what precedes it when it is out of order. Every pair of such marks in both orders after every kind of
+    starter (Latin, precomposed, Thai, Devanagari, Arabic, Hebrew, Hangul syllable and jamo, CJK, space, emoji, an
+    added token), runs of them before and after characters that do compose (QC=Maybe: U+0301, U+0323, U+3099, a
+    Hangul vowel jamo) or decompose, in strings of one, two and four bytes per character: HF's ids."""
+    rng = random.Random(5)
+    texts = []
+    for m1 in ORDERED_MARKS:
+        for m2 in ORDERED_MARKS:
+            texts.append(rng.choice(MARK_STARTERS) + m1 + m2 + rng.choice(ORDERED_MARKS))
+    for st in MARK_STARTERS:
+        for m in ORDERED_MARKS:
+            texts += [st + m, st + m + "\u0301", st + "\u0301" + m, st + m + "\u0323" + m, "e\u0301" + m + st,
+                      st + m * 3 + "\u0316\u0301", st + m + "\u1161", st + m + "\u3099", m + st + m, st + m + "\u212b"]
+    pool = ORDERED_MARKS * 3 + MARK_STARTERS + NON_NFC + ["Plain ", "中文", "ก", "\u0e33", "\u0e31", "\u0e40"]
+    for _ in range(600):
+        texts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 30))))
+    texts += ["สวัสดี" + m + "ครับ" for m in ORDERED_MARKS] + ["\u0e01\u0e49\u0e38", "\u0e01\u0e38\u0e49"]
+    assert_same(pairs[rule], texts)
+
+
 @pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled", "qwen36"])
 def test_added_tokens_glued_to_marks_and_text(pairs, rule):
     toks = list(hf_export.ADDED_TOKENS["qwen3"])
