@@ -713,6 +713,7 @@ cdef class Engine:
     cdef uint64_t* ptab           # merges: open addressing, (left << 20 | right) << 24 | rank; all ones = empty
     cdef uint64_t pmask
     cdef int32_t* mnew            # the token a merge of rank r makes (== r for tiktoken vocabularies)
+    cdef readonly bint mident     # mnew[r] == r for every merge: BPE skips the read (a dependent load per merge)
     cdef uint64_t* pbloom         # bit (_hpair(key) >> 19) & (2**PBLOOM_BITS - 1) set for every merge
     cdef int32_t nrank
     cdef uint64_t* pcache         # this engine's recent _prank answers, ptab's format (NO_RANK: no merge)
@@ -1001,9 +1002,14 @@ cdef class Engine:
         """Mark tokens whose own bytes BPE-merge back into themselves (exact whole-piece shortcut)."""
         cdef int32_t t
         cdef int32_t* tmp = <int32_t*> malloc(4096 * sizeof(int32_t))
-        cdef Py_ssize_t n
+        cdef Py_ssize_t n, r
         if tmp == NULL:
             raise MemoryError()
+        self.mident = True
+        for r in range(self.nrank):
+            if self.mnew[r] >= 0 and self.mnew[r] != r:
+                self.mident = False
+                break
         self._ensure_scratch(4096)
         try:
             for t in range(self.ntok):
@@ -1616,6 +1622,7 @@ cdef class Engine:
         e.mnew = self.mnew
         e.pbloom = self.pbloom
         e.nrank = self.nrank
+        e.mident = self.mident
         memcpy(e.byte_id, self.byte_id, sizeof(self.byte_id))
         e.maxtok = self.maxtok
         e.cbmp = self.cbmp
@@ -1779,7 +1786,7 @@ cdef class Engine:
             bi = qv3_argmin(rk, <int> (m - 1), &best)
             if best == INT32_MAX:
                 break
-            ids[bi] = self.mnew[best]
+            ids[bi] = best if self.mident else self.mnew[best]
             m -= 1
             if bi + 1 < m:
                 memmove(ids + bi + 1, ids + bi + 2, (m - bi - 1) * sizeof(int32_t))
@@ -1848,7 +1855,7 @@ cdef class Engine:
             if rr != r:
                 continue
             # merge pos and q
-            sym[pos] = self.mnew[r]
+            sym[pos] = r if self.mident else self.mnew[r]
             sym[q] = -1
             nxt[pos] = nxt[q]
             if nxt[q] >= 0:

@@ -429,6 +429,21 @@ def test_premerged_characters_with_their_risky_neighbours(pairs, rule):
     assert_same(pairs[rule], docs)
 
 
+def test_merge_loops_with_and_without_the_rank_to_token_table(pairs, qwen36_dir):
+    """Where every merge's rank is the id of the token it makes (the bundled tiktoken vocabularies), BPE does not read
+    the rank -> token table (Engine.mident); where it is not (a tokenizer.json whose merges are numbered apart from
+    the ids, including the official Qwen3.5/3.6 merges), it does. Both give HF's ids on text that merges a lot
+    (long Thai, Japanese and English words, a 5,000-character run the heap merge loop takes)."""
+    texts = ["ภาษาไทยเป็นภาษาที่มีความซับซ้อน" * 3, "日本語のテキストを処理する", " internationalization",
+             "supercalifragilisticexpialidocious", "x" * 41 + "ab" * 7, "ก" * 5000, "人力资源和社会保障部发布通知"]
+    assert pairs["bundled"][1]._engine.mident and pairs["qwen36"][1]._engine.mident
+    official = Tokenizer.from_file(qwen36_dir)
+    assert not pairs["qwen2"][1]._engine.mident and not official._engine.mident
+    for rule in ("bundled", "qwen36", "qwen2", "qwen35"):
+        assert_same(pairs[rule], texts)
+    assert_same((pairs["qwen36"][0], official), texts)
+
+
 def test_premerge_equals_byte_level_merge_loop():
     fast, plain = Tokenizer.bundled(), Tokenizer.bundled()
     plain._engine.premerge = False
