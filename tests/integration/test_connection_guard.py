@@ -41,7 +41,9 @@ class Running:
     """A NoSignalServer on 127.0.0.1 in a thread with its own event loop."""
 
     def __init__(self, settings: Settings, multi: bool, http: str):
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_keep_alive=5, http=http)
+        # keep-alive far above any pause of a test: on a loaded CI host a kept-alive connection idle past uvicorn's
+        # own timer is closed silently (a RemoteDisconnected on its next request), which is not the guard's doing
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_keep_alive=60, http=http)
         config.load()  # as serve_http does
         self.protocol = vllm_connections.guard_config(config, settings)
         assert self.protocol is not None
