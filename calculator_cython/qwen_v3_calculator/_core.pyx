@@ -964,20 +964,24 @@ cdef class Engine:
         """Record merge (a, b) -> new_id of priority rank (0 <= a, b < ntok, rank < nrank; a pair listed
         again takes its later rank, as HF ``tokenizers`` builds its merge map)."""
         cdef uint64_t key = _pairkey(a, b)
-        cdef uint64_t slot = _hpair(key) & self.pmask
+        cdef uint64_t hh = _hpair(key)
+        cdef uint64_t slot = hh & self.pmask
         while self.ptab[slot] != UINT64_MAX and (self.ptab[slot] >> PAIR_RANK_BITS) != key:
             slot = (slot + 1) & self.pmask
         self.ptab[slot] = (key << PAIR_RANK_BITS) | <uint32_t> rank
         self.mnew[rank] = new_id
-        self.pbloom[_bloom_word(_hpair(key))] |= _bloom_mask(_hpair(key))
-        self.pcache[_pcache_slot(_hpair(key))] = UINT64_MAX
+        self.pbloom[_bloom_word(hh)] |= _bloom_mask(hh)
+        self.pcache[_pcache_slot(hh)] = UINT64_MAX
+
+    cdef inline bint _bloom_has(self, uint64_t hh) noexcept nogil:
+        """May the pair of hash hh merge (both its filter bits set)? False: it certainly does not."""
+        cdef uint64_t mask = _bloom_mask(hh)
+        return (self.pbloom[_bloom_word(hh)] & mask) == mask
 
     cdef inline void _pprefetch(self, int32_t a, int32_t b) noexcept nogil:
         cdef uint64_t key = _pairkey(a, b)
         cdef uint64_t hh = _hpair(key)
-        cdef uint64_t mask = _bloom_mask(hh)
-        if ((self.pcache[_pcache_slot(hh)] >> PAIR_RANK_BITS) != key
-                and (self.pbloom[_bloom_word(hh)] & mask) == mask):
+        if (self.pcache[_pcache_slot(hh)] >> PAIR_RANK_BITS) != key and self._bloom_has(hh):
             QV3_PREFETCH(&self.ptab[hh & self.pmask])
 
     cdef inline int32_t _prank(self, int32_t a, int32_t b) noexcept nogil:
@@ -990,9 +994,8 @@ cdef class Engine:
         cdef uint64_t slot, e
         cdef uint32_t r
         if (pc[0] >> PAIR_RANK_BITS) != key:
-            slot = _bloom_mask(hh)
             e = UINT64_MAX                           # no merge, unless the filter and then the table say so
-            if (self.pbloom[_bloom_word(hh)] & slot) == slot:
+            if self._bloom_has(hh):
                 slot = hh & self.pmask
                 while True:
                     e = self.ptab[slot]
