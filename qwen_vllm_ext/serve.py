@@ -175,6 +175,11 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     cli = {name: getattr(ours, f"qwen_{name}") for name in Settings.field_names()}
     settings = Settings.resolve(env=environ, additional_config=additional_config(rest), cli=cli,
                                 base=profile.extension)
+    # what the settings alone rule out is refused before vLLM loads (a second instead of a dozen); what needs
+    # vLLM's flags (the context length) is checked again below
+    problem = shared_state_problem(settings) or provider_problem(settings)
+    if problem:
+        raise LaunchError(problem)
     env_updates = {k: v for k, v in profile.env.items() if k not in environ}
     env_updates["VLLM_PLUGINS"] = plugin_allowlist(environ.get("VLLM_PLUGINS"))
     env_updates[status.LAUNCH_ENV] = launch_record(profile, gpus)  # the health route reports it
@@ -182,6 +187,7 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
         os.environ.update(env_updates)
         settings.export()
 
+    require_vllm()
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -355,7 +361,6 @@ def main(argv: list[str] | None = None) -> int:
     from .integration.plugin import PatchGuardError  # strict_patches: raised while vLLM loads the general plugin in resolve()
 
     try:
-        require_vllm()
         args, final, env_updates, profile, settings = resolve(argv, export=not ours.print_command)
     except (ProfileError, LaunchError, SettingsError, VLLMMissing, PatchGuardError) as exc:
         print(f"qwen_vllm_ext.serve: error: {exc}", file=sys.stderr)

@@ -70,11 +70,18 @@ def pytest_xdist_make_scheduler(config, log):
 
 # ---- time per test module (issue 37: the suite's budget is tracked per module) ---------------------------------------
 _MODULE_SECONDS: dict[str, float] = {}
+_WORKER_SPAN: dict[str, list] = {}  # worker -> [first start, last stop, seconds in tests, seconds in e2e tests]
 
 
 def pytest_runtest_logreport(report):
     module = report.nodeid.split("::", 1)[0]
     _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration  # setup + call + teardown
+    node = getattr(report, "node", None)  # xdist's worker, on the controller
+    worker = getattr(node, "gateway", None) and node.gateway.id or "main"
+    span = _WORKER_SPAN.setdefault(worker, [report.start, report.stop, 0.0, 0.0])
+    span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+    span[2] += report.duration
+    span[3] += report.duration if module.startswith("tests/e2e/") else 0.0
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -84,3 +91,8 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", f"seconds per test module (setup + call + teardown; {total:.0f} s in all)")
     for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.1f}  {module}")
+    # the critical path: which worker ran last, and for how long (the suite's wall time is the longest span)
+    origin = min(span[0] for span in _WORKER_SPAN.values())
+    for worker, (first, last, busy, e2e) in sorted(_WORKER_SPAN.items()):
+        terminalreporter.write_line(f"worker {worker}: tests from {first - origin:6.0f} s to {last - origin:6.0f} s, "
+                                    f"{busy:6.0f} s in tests ({e2e:.0f} s end-to-end)")

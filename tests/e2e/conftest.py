@@ -5,7 +5,7 @@ import os
 import psutil
 import pytest
 
-from .servers import Server, look_ahead, stop_untaken
+from .servers import Server, look_ahead, stop_untaken, timeline
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +55,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True)
 def _start_a_later_module_early(request, tmp_path_factory):
     """Before each test (after its module fixtures)."""
+    timeline(f"test {request.node.nodeid}")
     look_ahead(request.session.items, request.node, tmp_path_factory)
 
 

@@ -98,12 +98,29 @@ _upcoming: dict[str, list] = {}
 _taken: set[str] = set()
 
 
+def timeline(event: str) -> None:
+    """One line (seconds since the epoch, memory available, the event) in the file named by
+    QWEN_VLLM_EXT_TEST_TIMELINE, when set: where the e2e worker's time goes (modules, early start-ups)."""
+    path = os.environ.get("QWEN_VLLM_EXT_TEST_TIMELINE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.time():.1f} {psutil.virtual_memory().available / 2**30:.1f} {event}\n")
+
+
 def early(request, start_early) -> dict:
     """What the calling module's ``start_early`` started ahead of the module, or starts now."""
     name = request.module.__name__
     _taken.add(name)
     started = _early.pop(name, None)
-    return started if started is not None else start_early(request.getfixturevalue("tmp_path_factory"))
+    timeline(f"{name} takes its servers ({'started early' if started is not None else 'starting now'})")
+    factory = request.getfixturevalue("tmp_path_factory")
+    if started is None:
+        started = start_early(factory)
+    # the next module's servers may start now, while these become healthy (memory is counted from what the modules
+    # declare, so servers still loading are counted in full)
+    items = request.session.items
+    look_ahead(items, next(i for i in items if i.module is request.module), factory)
+    return started
 
 
 def stop_all(started: dict) -> None:
@@ -151,6 +168,7 @@ def look_ahead(items, item, tmp_path_factory) -> None:
             memory = psutil.virtual_memory()
             if (committed + nxt.EARLY_GB <= memory.total / 2**30 - EARLY_RESERVE_GB
                     and memory.available / 2**30 >= nxt.EARLY_GB + EARLY_MARGIN_GB):
+                timeline(f"early start {nxt.__name__} (during {module.__name__})")
                 _early[nxt.__name__] = nxt.start_early(tmp_path_factory)
             return
         committed += _gb(nxt)

@@ -337,7 +337,8 @@ def test_rejections_and_top_keys_are_exported_by_code(monitored, scenario):
     assert prom.query("qwen_ext_runtime_patch_active == 1") and not prom.query("qwen_ext_runtime_patch_active == 0")
 
 
-def test_series_stay_bounded_after_1000_requests_from_200_keys(monitored, scenario):
+def test_series_stay_bounded_after_400_requests_from_200_keys(monitored, scenario):
+    """The series' count follows the label values (200 keys, each seen twice), not the request count."""
     server, _, _ = monitored
     with httpx.Client(base_url=server.base_url, timeout=120) as c:
         secrets = [admin_key(c, name=f"many-{i}")["key"] for i in range(200)]
@@ -347,8 +348,8 @@ def test_series_stay_bounded_after_1000_requests_from_200_keys(monitored, scenar
             return chat(c, secrets[i % 200], f"request {i}", max_tokens=1).status_code
 
     with ThreadPoolExecutor(16) as pool:
-        codes = list(pool.map(one, range(1000)))
-    assert codes.count(200) == 1000
+        codes = list(pool.map(one, range(400)))
+    assert codes.count(200) == 400
     refused = httpx.get(server.base_url + "/metrics", timeout=30)  # the per-key series need the metrics key
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_metrics_key", refused.text
     text = httpx.get(server.base_url + "/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}, timeout=30).text

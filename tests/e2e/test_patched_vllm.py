@@ -24,7 +24,7 @@ from qwen_vllm_ext.bench.server import ServeProcess
 from qwen_vllm_ext.usage.ledger import open_store
 
 from ..redis_server import free_port
-from .servers import Server
+from .servers import Server, early_then_stopped
 
 LONG_PROMPT = " ".join(f"token{i}" for i in range(300))  # > 2 KV blocks of 128 tokens (CPU prefix caching)
 
@@ -48,32 +48,45 @@ class PlainVllmServer(Server):
 
 
 _RUNNING: list[Server] = []  # at most one server of this module at a time
-LATE_GB = 3.5  # the servers below start during the module, one at a time (tests/e2e/servers.py)
+# one server at a time (tests/e2e/servers.py): the plain server on the patched copy, started early, then the launcher
+# on it, started in its test once the plain server has stopped
+EARLY_GB = 3.5
 
 
-@pytest.fixture(scope="module")
-def patched_vllm(tmp_path_factory):
-    """A symlink overlay of the installed vLLM with every source patch applied (through the CLI)."""
+def start_early(tmp_path_factory) -> dict:
+    """A symlink overlay of the installed vLLM with every source patch applied (through the CLI), and plain vLLM
+    started from it (not waited for); the overlay is ``server.overlay``."""
     overlay = core.overlay(core.find_vllm(), tmp_path_factory.mktemp("patched") / "site")
     applied = subprocess.run([sys.executable, "-m", "qwen_vllm_ext.patches", "apply", "--vllm-path", str(overlay)],
                              capture_output=True, text=True, timeout=120)
     assert applied.returncode == 0, applied.stderr
-    return overlay
-
-
-@pytest.fixture(scope="module")
-def patched_server(patched_vllm, tmp_path_factory):
     base = tmp_path_factory.mktemp("plain")
     data_dir = base / "data"
-    env = _env(patched_vllm.parent, token_weighted_scheduler="true", data_dir=data_dir)
+    env = _env(overlay.parent, token_weighted_scheduler="true", data_dir=data_dir)
     server = PlainVllmServer(["--model", str(ensure_demo_model()), "--served-model-name", SERVED_NAME,
                               "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"],
                              base / "server.log", env)
     server.data_dir = data_dir
+    server.overlay = overlay
+    return {"plain": server}
+
+
+@pytest.fixture(scope="module")
+def _started(request):
+    yield from early_then_stopped(request, start_early)
+
+
+@pytest.fixture(scope="module")
+def patched_vllm(_started):
+    return _started["plain"].overlay
+
+
+@pytest.fixture(scope="module")
+def patched_server(_started):
+    server = _started["plain"]
     _RUNNING.append(server)
     server.wait_healthy()
-    yield server
-    server.stop()
+    return server
 
 
 def _health(server) -> dict:

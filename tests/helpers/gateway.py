@@ -65,35 +65,45 @@ def usage_counts(kind, response) -> tuple[int, int]:
     return prompt, prompt + usage["output_tokens"]
 
 
-def run_field_mix(server, seed, count, name, model=SERVED_NAME):
-    """Send the seeded field mix in chunks of one fresh key each; per request, the admission count must equal
-    the engine's prompt tokens; per chunk, the key's TPM window must hold exactly what usage says was used."""
+def run_field_mix(server, seed, count, name, model=SERVED_NAME, workers=4):
+    """Send the seeded field mix in chunks of one fresh key each, ``workers`` chunks at once (a key's window holds
+    its own chunk only); per request, the admission count must equal the engine's prompt tokens; per chunk, the
+    key's TPM window must hold exactly what usage says was used. Returns the outcomes in the mix's order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from qwen_vllm_ext.bench.field_mix import PATHS, bodies, fields_set
     from qwen_vllm_ext.gateway.request_fields import FIELDS
 
-    outcomes, covered = [], {kind: set() for kind in PATHS}
     mix = bodies(seed, count, model)
-    client = httpx.Client(base_url=server.base_url, timeout=120)
-    tpm, chunk = 10**6, 10  # 10 requests per key stay under the test server's spike threshold
-    for start in range(0, len(mix), chunk):
-        key = client.post("/qwen_ext/admin/keys", headers=auth(ADMIN), json={
-            "name": f"{name}-{start}", "tpm": tpm, "rpm": 100000, "max_tokens_cap": 4}).json()
-        began, used = time.monotonic(), 0
-        for kind, body in mix[start:start + chunk]:
-            covered[kind] |= fields_set(body, FIELDS[kind])
-            r = client.post(PATHS[kind], headers=auth(key["key"]), json=body)
-            error = r.json().get("error") if r.status_code != 200 else None
-            outcomes.append((kind, body, r.status_code, error.get("code") if error else None))
-            if r.status_code == 200:
-                prompt, total = usage_counts(kind, r)
-                assert int(r.headers["x-qwen-prompt-tokens"]) == prompt, (kind, body, r.json()["usage"])
-                assert total <= int(r.headers["x-qwen-reserved-tokens"]), (kind, body, r.json()["usage"])
-                used += total
-            elif error.get("code") == "unsupported_parameter":
-                assert r.status_code == 400 and error["param"], r.text
-        time.sleep(0.3)  # the last reconciliation
-        probe = chat(client, key["key"], max_tokens=1, model=model)
-        assert time.monotonic() - began < 55, "a chunk outlived the 60 s window: the sum below would be wrong"
-        assert int(probe.headers["x-ratelimit-remaining-tokens"]) == \
-            tpm - used - int(probe.headers["x-qwen-reserved-tokens"]), (name, start)
+    tpm, size = 10**6, 10  # 10 requests per key stay under the test server's spike threshold
+
+    def one_chunk(start):
+        outcomes, covered = [], {kind: set() for kind in PATHS}
+        with httpx.Client(base_url=server.base_url, timeout=120) as client:
+            key = client.post("/qwen_ext/admin/keys", headers=auth(ADMIN), json={
+                "name": f"{name}-{start}", "tpm": tpm, "rpm": 100000, "max_tokens_cap": 4}).json()
+            began, used = time.monotonic(), 0
+            for kind, body in mix[start:start + size]:
+                covered[kind] |= fields_set(body, FIELDS[kind])
+                r = client.post(PATHS[kind], headers=auth(key["key"]), json=body)
+                error = r.json().get("error") if r.status_code != 200 else None
+                outcomes.append((kind, body, r.status_code, error.get("code") if error else None))
+                if r.status_code == 200:
+                    prompt, total = usage_counts(kind, r)
+                    assert int(r.headers["x-qwen-prompt-tokens"]) == prompt, (kind, body, r.json()["usage"])
+                    assert total <= int(r.headers["x-qwen-reserved-tokens"]), (kind, body, r.json()["usage"])
+                    used += total
+                elif error.get("code") == "unsupported_parameter":
+                    assert r.status_code == 400 and error["param"], r.text
+            time.sleep(0.3)  # the last reconciliation
+            probe = chat(client, key["key"], max_tokens=1, model=model)
+            assert time.monotonic() - began < 55, "a chunk outlived the 60 s window: the sum below would be wrong"
+            assert int(probe.headers["x-ratelimit-remaining-tokens"]) == \
+                tpm - used - int(probe.headers["x-qwen-reserved-tokens"]), (name, start)
+        return outcomes, covered
+
+    with ThreadPoolExecutor(workers) as pool:
+        chunks = list(pool.map(one_chunk, range(0, len(mix), size)))
+    outcomes = [o for chunk, _ in chunks for o in chunk]
+    covered = {kind: set().union(*(c[kind] for _, c in chunks)) for kind in PATHS}
     return outcomes, covered

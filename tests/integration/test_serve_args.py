@@ -100,6 +100,23 @@ def test_cli_errors_are_clear(fake_nvidia_smi):
     assert proc.returncode == 0 and "a100-80gb" in proc.stdout and "A100 >= 79 GiB" in proc.stdout
 
 
+def test_what_the_settings_alone_rule_out_is_refused_before_vllm_loads():
+    """A bad setting costs the user a second, not vLLM's import (a dozen seconds here); what needs vLLM's flags (the
+    listing's context against --max-model-len) is still refused, after the parser."""
+    code = ("import sys; from qwen_vllm_ext import serve; rc = serve.main(sys.argv[1:]); "
+            "print(rc, 'vllm' in sys.modules)")
+    for argv, setting in ((["--qwen-max-queue-wait-s", "2"], "max_queue_wait_s"),
+                          (["--qwen-openrouter", "true"], "price_prompt"),
+                          (["--qwen-require-shared-state", "true"], "require_shared_state")):
+        proc = subprocess.run([sys.executable, "-c", code, *argv, "--print-command"], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.stdout.split() == ["2", "False"] and setting in proc.stderr, (argv, proc.stdout, proc.stderr)
+    with pytest.raises(serve.LaunchError, match="setting 'listing_context_length': 5000 is more than the engine's "
+                                                "--max-model-len 4096"):
+        serve.resolve(["--qwen-openrouter", "true", "--qwen-price-prompt", "0.1",
+                       "--qwen-listing-context-length", "5000"], environ={}, gpus=[])
+
+
 def test_cpu_data_parallel_engines_get_their_own_cores():
     """vLLM's auto binding puts every DP engine of a one-NUMA CPU host on the same cores; the launcher splits them."""
     from qwen_vllm_ext.launcher.hardware import split_cores
