@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 
+import httpx
 import pytest
 
 from benchmarks.bench_kv_reuse import run_generated_conversations
@@ -59,7 +60,15 @@ def _why(fleet, runs, prefix: str) -> str:
     except OSError as exc:
         log = [f"(router log unreadable: {exc})"]
     routed = [line[line.find("key="):] for line in log if "Consistent hash routing" in line and prefix in line]
-    return f"turns: {turns}; routed: {routed[-2 * len(turns[0]) * len(turns):]}"
+    counters = {}
+    for url in fleet.replica_urls:  # the engines' own view: prefix-cache queries and hits, the checkpoints' counters
+        try:
+            text = httpx.get(url + "/metrics", timeout=30).text
+        except httpx.HTTPError as exc:
+            counters[url] = str(exc)
+            continue
+        counters[url] = [line for line in text.splitlines() if line.startswith(("qwen_ext_kv_", "vllm:prefix_cache"))]
+    return f"turns: {turns}; routed: {routed[-2 * len(turns[0]) * len(turns):]}; replicas: {counters}"
 
 
 def test_affinity_keeps_every_turn_cached_to_the_shared_prefix(hybrid_fleet, tmp_path):
@@ -68,7 +77,8 @@ def test_affinity_keeps_every_turn_cached_to_the_shared_prefix(hybrid_fleet, tmp
         runs = run_generated_conversations(hybrid_fleet.base_url, f"hf-{thinking}-{seed}", 2, TURNS, thinking,
                                            seed0=seed)
         assert all(run[0]["cached_tokens"] < run[0]["prompt_tokens"] for run in runs)
-        assert _below_bound(runs) == [], (thinking, _why(hybrid_fleet, runs, f"hf-{thinking}-{seed}"))
+        # a string message: pytest prints it whole (a tuple's repr is cut to a line)
+        assert _below_bound(runs) == [], f"thinking={thinking}: {_why(hybrid_fleet, runs, f'hf-{thinking}-{seed}')}"
         if thinking:  # the default drops earlier reasoning (preserve_thinking "answers"): resumed at the turn
             assert all(t["shared"] < t["prev_seen"] and t["cached_tokens"] > 0 for run in runs for t in run[1:])
         else:  # the previous answer came back whole and was reused
