@@ -16,7 +16,7 @@ Phases (each on a fresh server, one at a time):
    (``--strict --ledger``).
 2. **scheduler comparison** (issues #35, #50) — four servers resident at once on a GPU (FCFS "a", FCFS "b",
    token-weighted always on, token-weighted ``auto``: 0.22 of its memory each; the CPU smoke runs the first two and
-   ``auto``), capacity from a closed-loop saturation run on FCFS "a", then per load (0.8x, 1.2x, 1.7x) and repeat
+   ``auto``, its FCFS "a" being phase 1's profile server, whose profile ships the scheduler off), capacity from a closed-loop saturation run on FCFS "a", then per load (0.8x, 1.2x, 1.7x) and repeat
    (3) the same seeded open-loop trace on every side back to back, the order rotated every repeat.
    The A/A ratios (b/a) and the A/B ratios (each token-weighted side / a) of mean and p99 TTFT and throughput get 95%
    intervals over the repeats and issue #35's test (interval below 1.03 / 1.08, above 0.97): the A/A pair must pass
@@ -46,6 +46,7 @@ import httpx
 
 from qwen_vllm_ext.bench.server import ServeProcess, ServerStartError
 from qwen_vllm_ext.demo import QWEN3_8B, SERVED_NAME, write_config_only
+from qwen_vllm_ext.profiles import select_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -158,13 +159,15 @@ COMPARED = (("aa", "fcfs_b"), ("ab", "token_weighted"), ("auto", "auto"))
 """Each comparison against ``fcfs_a``: its label and side."""
 
 
-def start_sides(mode: str, common: list[str], work: Path, servers: list) -> dict:
+def start_sides(mode: str, common: list[str], work: Path, servers: list, reuse: dict | None = None) -> dict:
     """The comparison's servers (:data:`SIDES`): on a GPU one at a time, each healthy before the next (each measures the
-    memory it may take); on the CPU all at once, not waited for."""
+    memory it may take); on the CPU all at once, not waited for. ``reuse``: sides already running (name -> server)."""
     cfg = COMPARE[mode]
     extra = ["--gpu-memory-utilization", cfg["mem"]] if cfg["mem"] else []
-    live = {}
+    live = dict(reuse or {})
     for name, tw in SIDES[mode]:
+        if name in live:
+            continue
         argv = ["--qwen-data-dir", str(work / f"{name}-data"), "--qwen-token-weighted-scheduler", tw, *extra, *common]
         live[name] = start(argv, work / f"{name}.log", label=f"{name} server", wait=mode == "gpu")
         servers.append(live[name])
@@ -269,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         # stock one, and the comparison's three as soon as the stock run is over (a GPU run starts each server after
         # the previous one stopped, so that no figure is measured next to a loading server)
         early = args.cpu_smoke
+        # the CPU profile ships the scheduler off, so its server is the comparison's FCFS "a" as it stands (the same
+        # flags but the data dir): one server start-up less, which is most of the smoke's CPU time
+        profile_is_fcfs = early and select_profile([]).extension.get("token_weighted_scheduler") in (False, "false")
         stock = start(common + plain_extra, work / "stock.log", plain=True, cpu=args.cpu_smoke, label="stock vLLM",
                       wait=not early)
         servers.append(stock)
@@ -280,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             healthy(stock)
         a = storm(stock, work / "stock", FIXED[mode], checked=False)
         stock.stop()
-        sides = start_sides(mode, common, work, servers) if early else None
+        sides = start_sides(mode, common, work, servers, reuse={"fcfs_a": profile} if profile_is_fcfs else None) \
+            if early else None
         if profile is None:
             profile = start(["--qwen-data-dir", str(data), *common], work / "profile.log", label="profile server")
             servers.append(profile)
@@ -301,13 +308,12 @@ def main(argv: list[str] | None = None) -> int:
                    b["exit_code"] == 0 and sb["mismatches"] == 0 and b["accounting"]["ledger_checked"],
                    f"{sb['completed']}/{sb['requests']} completed, {sb['mismatches']} mismatches")
         # ---- 2. scheduler comparison: A/A and A/B, interleaved -------------------------------------------
-        profile.stop()
+        if not profile_is_fcfs:
+            profile.stop()
         print("phase 2: scheduler comparison (FCFS against FCFS, token-weighted and auto against FCFS, interleaved)",
               flush=True)
         result["phases"]["scheduler"] = scheduler_comparison(mode, common, work, servers, checks, sides)
         if not args.cpu_smoke:  # the evidence a GPU profile needs to ship the scheduler on (issue #35's rule)
-            from qwen_vllm_ext.profiles import select_profile
-
             name = select_profile(gpus).name
             evidence = ROOT / "docs" / "results" / "scheduler-real" / f"{name}.json"
             evidence.parent.mkdir(parents=True, exist_ok=True)
