@@ -29,11 +29,13 @@ def openai_client(demo_server):
     return openai.OpenAI(base_url=demo_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-# The e2e modules' order: a module that needs much memory (EARLY_GB/LATE_GB of 10 or so) follows one that needs
-# little, so that its servers can start while that one runs (tests/e2e/servers.py's look-ahead); modules not named
-# here run last, in file order.
-E2E_ORDER = ["test_count_chat_vllm", "test_fleet", "test_hybrid_demo", "test_mtp_demo", "test_gateway",
-             "test_monitoring", "test_usage_ledger", "test_patched_vllm", "test_doctor", "test_kv_reuse",
+# The e2e modules' order. A module's servers start early, while the module before it runs, only when the memory the
+# two declare fits (tests/e2e/servers.py: at most 15 GiB of EARLY_GB/LATE_GB together on this 24 GiB machine), so
+# every module that needs 10 GiB or so (fleet, gateway, usage_ledger, doctor) sits between two that need 3.5 or less,
+# and the modules that need 6.5-7 follow one another; the host module should last as long as the next one's
+# start-ups (a minute for three servers). Modules not named here run last, in file order.
+E2E_ORDER = ["test_count_chat_vllm", "test_fleet", "test_patched_vllm", "test_gateway", "test_hybrid_demo",
+             "test_usage_ledger", "test_monitoring", "test_doctor", "test_kv_reuse", "test_mtp_demo",
              "test_openrouter_provider", "test_token_storm", "test_hybrid_fleet", "test_data_parallel",
              "test_count_endpoint", "test_demo_server", "test_gpu_check_smoke"]
 
