@@ -16,8 +16,9 @@ Phases (each on a fresh server, one at a time):
    (``--strict --ledger``).
 2. **scheduler comparison** (issues #35, #50) — four servers resident at once on a GPU (FCFS "a", FCFS "b",
    token-weighted always on, token-weighted ``auto``: 0.22 of its memory each; the CPU smoke runs the first two and
-   ``auto``, its FCFS "a" being phase 1's profile server, whose profile ships the scheduler off), capacity from a closed-loop saturation run on FCFS "a", then per load (0.8x, 1.2x, 1.7x) and repeat
-   (3) the same seeded open-loop trace on every side back to back, the order rotated every repeat.
+   ``auto``, its FCFS "a" being phase 1's profile server, whose profile ships the scheduler off), capacity from a
+   closed-loop saturation run on FCFS "a", then per load (0.8x, 1.2x, 1.7x) and repeat (3) the same seeded open-loop
+   trace on every side back to back, the order rotated every repeat.
    The A/A ratios (b/a) and the A/B ratios (each token-weighted side / a) of mean and p99 TTFT and throughput get 95%
    intervals over the repeats and issue #35's test (interval below 1.03 / 1.08, above 0.97): the A/A pair must pass
    for an A/B verdict to mean anything. About 13 minutes of the check's time on one GPU (four server starts, 36 runs
