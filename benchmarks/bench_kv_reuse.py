@@ -434,20 +434,21 @@ def hybrid_words() -> dict[int, str]:
 
 class GeneratedConversation:
     """One conversation whose answers the model writes: greedy, single-token words only (``allowed_token_ids``),
-    :data:`HYBRID_ANSWERS` tokens long (``ignore_eos``), fed back as a client gets it from vLLM's reasoning parser:
-    ``content`` and ``reasoning_content`` (thinking on, the words never close the think block, so all of it is
-    reasoning; thinking off, all of it is content). A 200-token system prompt, user turns of 60-150 tokens.
+    ``answers`` tokens long, cycled per turn (:data:`HYBRID_ANSWERS` by default; ``ignore_eos``), fed back as a
+    client gets it from vLLM's reasoning parser: ``content`` and ``reasoning_content`` (thinking on, the words never
+    close the think block, so all of it is reasoning; thinking off, all of it is content). A 200-token system prompt, user turns of 60-150 tokens.
     :meth:`turn` runs the next request and returns :func:`chat_turn`'s fields (without ids, text and reasoning)
     plus ``shared`` (common prefix of the previous prompt + generated ids with this prompt), ``bound`` (the most a
     cache can give: the shared part the engine computed -- not the last generated token, never fed back -- floored
     to the match unit) and ``prev_seen`` (the previous prompt + generated ids)."""
 
     def __init__(self, conv_id: str, seed: int, thinking: bool, words: dict[int, str],
-                 template_kwargs: dict | None = None):
+                 template_kwargs: dict | None = None, answers: tuple[int, ...] = HYBRID_ANSWERS):
         from qwen_vllm_ext.bench.prompts import PromptFactory
 
         self.conv_id, self.seed, self.thinking, self.words = conv_id, seed, thinking, words
         self.template_kwargs = template_kwargs or {}  # besides enable_thinking (e.g. preserve_thinking)
+        self.answers = answers
         self.pf = PromptFactory(seed=seed, template="qwen3.5", model="qwen3.6")
         self.messages = [{"role": "system", "content": self.pf.text(200)}]
         self.prev: list[int] = []
@@ -456,7 +457,7 @@ class GeneratedConversation:
     def turn(self, client: httpx.Client) -> dict:
         t, seed = self.t, self.seed
         self.messages.append({"role": "user", "content": self.pf.text(60 + (37 * t + 11 * seed) % 91)})
-        length = HYBRID_ANSWERS[(t + seed) % len(HYBRID_ANSWERS)]
+        length = self.answers[(t + seed) % len(self.answers)]
         body = {"model": HYBRID_MODEL, "messages": list(self.messages), "max_tokens": length, "ignore_eos": True,
                 "temperature": 0, "allowed_token_ids": list(self.words), "stream": True, "return_token_ids": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
@@ -553,14 +554,15 @@ def decode_ms_per_token(rows: list[dict]) -> float | None:
 
 
 def run_generated_conversations(base_url: str, prefix: str, conversations: int, turns: int,
-                                thinking: bool, seed0: int = 0, interleave: bool = False) -> list[list[dict]]:
-    """``conversations`` :class:`GeneratedConversation` s (seeds from ``seed0``, distinct per thinking mode), one
-    after the other, or ``interleave``d as in :func:`run_hybrid_conversations`."""
+                                thinking: bool, seed0: int = 0, interleave: bool = False,
+                                answers: tuple[int, ...] = HYBRID_ANSWERS) -> list[list[dict]]:
+    """``conversations`` :class:`GeneratedConversation` s (seeds from ``seed0``, distinct per thinking mode, answer
+    lengths cycled from ``answers``), one after the other, or ``interleave``d as in :func:`run_hybrid_conversations`."""
     import random
 
     words = hybrid_words()
-    convos = [GeneratedConversation(f"{prefix}-{m}", seed0 + m + (0 if thinking else 1000), thinking, words)
-              for m in range(conversations)]
+    convos = [GeneratedConversation(f"{prefix}-{m}", seed0 + m + (0 if thinking else 1000), thinking, words,
+                                    answers=answers) for m in range(conversations)]
     if interleave:
         rng = random.Random(conversations)
         order = [c for _ in range(turns) for c in rng.sample(range(conversations), conversations)]

@@ -16,7 +16,7 @@ def demo_server(tmp_path_factory):
     # the cpu profile's default scheduler mode is in docs/scheduling.md; the shared server runs auto so that the e2e
     # tests cover the token-weighted class and its gate in the engine core
     server = Server(["--qwen-access-log", str(data_dir / "access.jsonl"), "--qwen-token-weighted-scheduler", "auto"],
-                    tmp_path_factory.mktemp("logs") / "server.log", data_dir=data_dir)
+                    tmp_path_factory.mktemp("logs") / "server.log", data_dir=data_dir, shipped_layout=True)
     server.wait_healthy()
     yield server
     server.stop()

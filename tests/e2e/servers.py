@@ -20,14 +20,28 @@ from ..helpers.gateway import ADMIN
 STARTUP_TIMEOUT_S = int(os.environ.get("QWEN_VLLM_EXT_TEST_STARTUP_TIMEOUT", "600"))
 
 
+# Test servers run vLLM's model worker inside the engine-core process (vLLM's "uni" executor, which the CPU build
+# takes when VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of in a third process: one vLLM import less per start-up, the
+# largest CPU cost of the e2e suite (a demo server: ~22 CPU-s to start instead of ~34; docs/benchmarks.md, "The test
+# suite's time"). The API server and the engine core stay separate processes, as shipped. The servers whose tests
+# cover code that runs in vLLM's worker process (the session's demo server, the hybrid and MTP demos, the
+# source-patched vLLM, data parallel) keep the shipped layout, a worker process of their own: shipped_layout=True,
+# or SHIPPED_LAYOUT in a hand-made environment.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+SHIPPED_LAYOUT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+
+
 class Server(ServeProcess):
     """The shared launcher (qwen_vllm_ext.bench.server) with test conventions: ``--qwen-data-dir`` first when
-    given, and a start-up failure fails the test with the server's log tail."""
+    given, the worker in the engine core unless ``shipped_layout`` (above), and a start-up failure fails the test
+    with the server's log tail."""
 
-    def __init__(self, argv, log_path: Path, env=None, data_dir: Path | None = None):
+    def __init__(self, argv, log_path: Path, env=None, data_dir: Path | None = None, shipped_layout: bool = False):
         self.data_dir = data_dir
         if data_dir is not None:
             argv = ["--qwen-data-dir", str(data_dir), *argv]
+        if shipped_layout:
+            env = {**(os.environ if env is None else env), **SHIPPED_LAYOUT}
         super().__init__(argv, log_path, env=env)
 
     def wait_healthy(self, timeout=STARTUP_TIMEOUT_S):

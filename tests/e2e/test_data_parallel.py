@@ -28,7 +28,7 @@ EARLY_GB = 6.5  # two engine cores and two API-server processes
 def start_early(tmp_path_factory) -> dict:
     data = tmp_path_factory.mktemp("dp")
     return {"dp": Server(["--data-parallel-size", "2", "--qwen-token-weighted-scheduler", "true"],
-                         data / "server.log", data_dir=data)}
+                         data / "server.log", data_dir=data, shipped_layout=True)}
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def start_early(tmp_path_factory) -> dict:
                               "--qwen-limiter-redis-url", redis.url, "--qwen-token-weighted-scheduler", "true",
                               "--qwen-spike-factor", "0"],
                              tmp_path_factory.mktemp("logs") / "hybrid.log",
-                             data_dir=tmp_path_factory.mktemp("hybrid"))}
+                             data_dir=tmp_path_factory.mktemp("hybrid"), shipped_layout=True)}
 
 
 @pytest.fixture(scope="module")

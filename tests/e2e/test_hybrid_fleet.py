@@ -18,6 +18,9 @@ from tests.redis_server import RedisServer
 from .servers import STARTUP_TIMEOUT_S, early, round_robin_router
 
 TURNS = 3  # turn 3 resumes from the checkpoint turn 2 left: a chain, as in longer conversations
+# answers of 20-200 tokens (the benchmark's run to 600): every answer still spans several 16-token units, and a
+# conversation costs a third of the CPU time (test_hybrid_demo keeps the long answers on one server)
+ANSWERS = (20, 80, 200)
 
 
 EARLY_GB = 7  # two replicas, a router, Redis
@@ -75,7 +78,7 @@ def test_affinity_keeps_every_turn_cached_to_the_shared_prefix(hybrid_fleet, tmp
     seed = int(uuid.uuid4().int % 10**6) + 5000  # fresh conversations: no earlier run's cache helps
     for thinking in (True, False):
         runs = run_generated_conversations(hybrid_fleet.base_url, f"hf-{thinking}-{seed}", 2, TURNS, thinking,
-                                           seed0=seed)
+                                           seed0=seed, answers=ANSWERS)
         assert all(run[0]["cached_tokens"] < run[0]["prompt_tokens"] for run in runs)
         # a string message: pytest prints it whole (a tuple's repr is cut to a line)
         assert _below_bound(runs) == [], f"thinking={thinking}: {_why(hybrid_fleet, runs, f'hf-{thinking}-{seed}')}"
@@ -85,5 +88,5 @@ def test_affinity_keeps_every_turn_cached_to_the_shared_prefix(hybrid_fleet, tmp
             assert all(t["shared"] == t["prev_seen"] and t["cached_tokens"] > 0 for run in runs for t in run[1:])
     # the same kind of conversations through a round_robin router: consecutive turns change replica
     with round_robin_router(hybrid_fleet.replica_urls, tmp_path / "rr-router.log") as rr_url:
-        rr_runs = run_generated_conversations(rr_url, f"rr-{seed}", 2, TURNS, True, seed0=seed + 17)
+        rr_runs = run_generated_conversations(rr_url, f"rr-{seed}", 2, TURNS, True, seed0=seed + 17, answers=ANSWERS)
     assert _below_bound(rr_runs), "round_robin kept every turn on a warm replica: the comparison shows nothing"

@@ -28,7 +28,8 @@ def start_early(tmp_path_factory) -> dict:
     return {"redis": redis,
             "mtp": Server(["--model", MODEL, "--qwen-mtp-speculative-tokens", "2", "--qwen-gateway", "true",
                            "--qwen-admin-key", ADMIN, "--qwen-limiter-redis-url", redis.url, "--qwen-spike-factor",
-                           "0"], tmp_path_factory.mktemp("logs") / "mtp.log", data_dir=tmp_path_factory.mktemp("mtp"))}
+                           "0"], tmp_path_factory.mktemp("logs") / "mtp.log", data_dir=tmp_path_factory.mktemp("mtp"),
+                          shipped_layout=True)}
 
 
 @pytest.fixture(scope="module")

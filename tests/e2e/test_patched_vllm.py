@@ -24,7 +24,7 @@ from qwen_vllm_ext.bench.server import ServeProcess
 from qwen_vllm_ext.usage.ledger import open_store
 
 from ..redis_server import free_port
-from .servers import Server, early_then_stopped
+from .servers import SHIPPED_LAYOUT, Server, early_then_stopped
 
 LONG_PROMPT = " ".join(f"token{i}" for i in range(300))  # > 2 KV blocks of 128 tokens (CPU prefix caching)
 
@@ -35,6 +35,7 @@ def _env(overlay_parent, **settings) -> dict:
     env["VLLM_PLUGINS"] = ",".join(ep.name for ep in entry_points(group="vllm.general_plugins")
                                    if ep.name != plugin.PLUGIN_NAME)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.update(SHIPPED_LAYOUT)  # plain vLLM as shipped: a worker process of its own (tests/e2e/servers.py)
     env.update({f"QWEN_VLLM_EXT_{k.upper()}": str(v) for k, v in settings.items()})
     return env
 
