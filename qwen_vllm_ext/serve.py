@@ -25,7 +25,7 @@ from .demo import HYBRID_SERVED_NAME, HYBRID_VARIANT, MTP_VARIANTS, SERVED_NAME
 from .launcher.hardware import detect_gpus, split_cores
 from .profiles import ProfileError, check_hardware, profile_names, select_profile, all_profiles
 from .integration.plugin import PLUGIN_NAME
-from .store.locations import shared_state_problem
+from .store.locations import shared_state_problem, unreachable_store
 
 VLLM_PLUGIN_GROUPS = (
     "vllm.general_plugins",
@@ -163,8 +163,9 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     """Turn launcher argv into (vLLM args namespace, final argv, env updates, profile, settings).
 
     The settings are resolved BEFORE vLLM's argument parser is built: building it loads vLLM's general
-    plugins, ours included, which read the settings. With ``export`` they and the environment updates are
-    published to this process (and so to every process vLLM spawns) at that point.
+    plugins, ours included, which read the settings. With ``export`` (this process launches the server) the Redis
+    stores the settings use must answer first, and the settings and the environment updates are published to this
+    process (and so to every process vLLM spawns) at that point.
     """
     environ = os.environ if environ is None else environ
     ours, rest = launcher_parser().parse_known_args(argv)
@@ -178,6 +179,8 @@ def resolve(argv: list[str], environ: dict | None = None, gpus=None, export: boo
     # what the settings alone rule out is refused before vLLM loads (a second instead of a dozen); what needs
     # vLLM's flags (the context length) is checked again below
     problem = shared_state_problem(settings) or provider_problem(settings)
+    if not problem and export:  # launching: a Redis store nobody answers at is refused before the model loads
+        problem = unreachable_store(settings)
     if problem:
         raise LaunchError(problem)
     env_updates = {k: v for k, v in profile.env.items() if k not in environ}

@@ -55,3 +55,23 @@ def shared_state_problem(settings) -> str | None:
     return ("require_shared_state is on (a replica of a fleet) but " + "; ".join(wrong) + ": per-host state would "
             "split limits, keys and the ledger between replicas. Set ledger_backend=redis, limiter_backend=redis and "
             "ledger_redis_url=redis://HOST:6379/0 (or turn require_shared_state off for a single server)")
+
+
+def unreachable_store(settings) -> str | None:
+    """Why a Redis store these settings name cannot be used now: the first that does not answer PING (``None`` when
+    each does, or none is Redis). The launcher refuses with it before vLLM loads; a server started otherwise still
+    refuses at start-up, when its store connects."""
+    from .redis import connect
+
+    tried = set()
+    used = (("ledger_redis_url", "ledger", ledger(settings), settings.ledger or settings.gateway),  # keys live there
+            ("limiter_redis_url", "limiter", limiter(settings), settings.gateway))
+    for setting, what, loc, on in used:
+        if not (settings.enabled and on) or loc.backend != "redis" or not loc.target or loc.target in tried:
+            continue
+        tried.add(loc.target)
+        try:
+            connect(loc.target, ConnectionError, what, socket_timeout_s=5.0).close()
+        except ConnectionError as exc:
+            return f"setting '{setting}': {exc} (start that Redis, or point the setting at one that runs)"
+    return None

@@ -389,8 +389,10 @@ def test_mixed_load_redis(redis_ledger_server, redis_server):
 
 def test_unreachable_redis_refuses_to_start(unreachable_redis_server):
     server = unreachable_redis_server
-    assert server.proc.wait(timeout=300) != 0
-    assert "redis://127.0.0.1" in server.log_tail(400)
+    assert server.proc.wait(timeout=300) == 2
+    log = server.log_tail(400)
+    assert "setting 'ledger_redis_url': cannot reach the Redis ledger at redis://127.0.0.1" in log
+    assert "Initializing a V1 LLM engine" not in log  # refused by the launcher, before the engine loaded anything
 
 
 def test_anthropic_messages_stream_usage_events_carry_cached_tokens(demo_server):

@@ -117,6 +117,35 @@ def test_what_the_settings_alone_rule_out_is_refused_before_vllm_loads():
                        "--qwen-listing-context-length", "5000"], environ={}, gpus=[])
 
 
+def test_a_redis_store_nobody_answers_at_is_refused_before_vllm_loads():
+    """A Redis ledger or limiter URL that does not answer: the launcher refuses naming the setting, in a second, not
+    after the engine loaded the model (minutes on a GPU); resolving the command alone (--print-command) does not
+    connect; a Redis that answers passes."""
+    from qwen_vllm_ext.config import Settings
+    from qwen_vllm_ext.store.locations import unreachable_store
+
+    from ..redis_server import RedisServer, free_port
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    code = ("import sys; from qwen_vllm_ext import serve; rc = serve.main(sys.argv[1:]); "
+            "print(rc, 'vllm' in sys.modules)")
+    for argv, setting in ((["--qwen-ledger-backend", "redis", "--qwen-ledger-redis-url", dead], "ledger_redis_url"),
+                          (["--qwen-gateway", "true", "--qwen-admin-key", "k" * 16, "--qwen-limiter-backend", "redis",
+                            "--qwen-limiter-redis-url", dead], "limiter_redis_url")):
+        proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+        assert proc.stdout.split() == ["2", "False"], (argv, proc.stdout, proc.stderr)
+        assert f"setting '{setting}': cannot reach the Redis" in proc.stderr and dead in proc.stderr, proc.stderr
+        serve.resolve([*argv, "--print-command"], environ={}, gpus=[])  # resolving alone connects to nothing
+    # a limiter URL is only used with the gateway on: without it nothing is refused
+    assert unreachable_store(Settings(limiter_backend="redis", limiter_redis_url=dead)) is None
+    redis = RedisServer().start()
+    try:
+        assert unreachable_store(Settings(ledger_backend="redis", ledger_redis_url=redis.url, gateway=True,
+                                          limiter_backend="redis")) is None
+    finally:
+        redis.cleanup()
+
+
 def test_cpu_data_parallel_engines_get_their_own_cores():
     """vLLM's auto binding puts every DP engine of a one-NUMA CPU host on the same cores; the launcher splits them."""
     from qwen_vllm_ext.launcher.hardware import split_cores
