@@ -436,7 +436,8 @@ class GeneratedConversation:
     """One conversation whose answers the model writes: greedy, single-token words only (``allowed_token_ids``),
     ``answers`` tokens long, cycled per turn (:data:`HYBRID_ANSWERS` by default; ``ignore_eos``), fed back as a
     client gets it from vLLM's reasoning parser: ``content`` and ``reasoning_content`` (thinking on, the words never
-    close the think block, so all of it is reasoning; thinking off, all of it is content). A 200-token system prompt, user turns of 60-150 tokens.
+    close the think block, so all of it is reasoning; thinking off, all of it is content). A 200-token system
+    prompt, user turns of 60-150 tokens.
     :meth:`turn` runs the next request and returns :func:`chat_turn`'s fields (without ids, text and reasoning)
     plus ``shared`` (common prefix of the previous prompt + generated ids with this prompt), ``bound`` (the most a
     cache can give: the shared part the engine computed -- not the last generated token, never fed back -- floored
