@@ -482,9 +482,10 @@ class GeneratedConversation:
 
 
 def generated_conversation(client: httpx.Client, conv_id: str, seed: int, turns: int, thinking: bool,
-                           words: dict[int, str], template_kwargs: dict | None = None) -> list[dict]:
+                           words: dict[int, str], template_kwargs: dict | None = None,
+                           answers: tuple[int, ...] = HYBRID_ANSWERS) -> list[dict]:
     """``turns`` turns of a :class:`GeneratedConversation`, one per request."""
-    conversation = GeneratedConversation(conv_id, seed, thinking, words, template_kwargs)
+    conversation = GeneratedConversation(conv_id, seed, thinking, words, template_kwargs, answers)
     return [conversation.turn(client) for _ in range(turns)]
 
 

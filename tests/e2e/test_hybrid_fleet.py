@@ -18,8 +18,8 @@ from tests.redis_server import RedisServer
 from .servers import STARTUP_TIMEOUT_S, early, round_robin_router
 
 TURNS = 3  # turn 3 resumes from the checkpoint turn 2 left: a chain, as in longer conversations
-# answers of 20-200 tokens (the benchmark's run to 600): every answer still spans several 16-token units, and the
-# test alone takes 22 s instead of 40 (test_hybrid_demo keeps the long answers, on one server)
+# answers of 20-200 tokens (the benchmark's run to 600; test_hybrid_demo's too): every answer still spans several
+# 16-token units, and the test alone takes 22 s instead of 40
 ANSWERS = (20, 80, 200)
 
 
