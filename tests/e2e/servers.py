@@ -29,6 +29,12 @@ STARTUP_TIMEOUT_S = int(os.environ.get("QWEN_VLLM_EXT_TEST_STARTUP_TIMEOUT", "60
 # OpenRouter provider (its capacity 429s follow the engine's measured speed), keep the shipped layout, a worker
 # process of their own: shipped_layout=True, or SHIPPED_LAYOUT in a hand-made environment.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# ... with one OpenMP thread, as vLLM gives its CPU worker process on this two-core machine (one core bound to it,
+# one reserved). In the engine core nothing sets it: vLLM's CPU worker blocks torch.set_num_threads once it has
+# started, so its "reducing Torch threads to 1 for serving" is skipped and torch keeps a thread per core, whose
+# spin-waits between ops starve every other process of the suite. Measured with two busy loops beside it, the hybrid
+# fleet test took 116.6 s (190 CPU-s) with two threads and 27.9 s (86 CPU-s) with one (docs/benchmarks.md).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 SHIPPED_LAYOUT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from qwen_vllm_ext.config import Settings
 from qwen_vllm_ext.profiles import load_profile, profile_names
+
+from ..helpers.scripts import run_script_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 COST_MODELS = json.loads((ROOT / "benchmarks" / "cost_models.json").read_text())
@@ -32,13 +33,20 @@ def test_every_gpu_profile_has_a_cost_model():
     assert gpu and set(gpu) <= set(SIMULATED), (gpu, SIMULATED)
 
 
+@pytest.fixture(scope="module")
+def fresh_passes(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Each profile's simulator pass, ``python benchmarks/sim_scheduler.py ... --out WORK/<profile>.json`` run once per
+    profile in one process (vLLM's scheduler imported once)."""
+    work = tmp_path_factory.mktemp("sim")
+    argvs = [["--cost-model", name, "--loads", ",".join(LOADS), "--seeds", "0", "--config", "shipped:", "--config",
+              "auto:mode=auto", "--out", str(work / f"{name}.json")] for name in SIMULATED]
+    procs = run_script_runs(ROOT / "benchmarks" / "sim_scheduler.py", argvs, work, cwd=ROOT)
+    return {name: (proc, work / f"{name}.json") for name, proc in zip(SIMULATED, procs)}
+
+
 @pytest.mark.parametrize("name", SIMULATED)
-def test_a_fresh_simulator_pass_reproduces_the_docs_and_backs_the_profile(name, tmp_path):
-    out = tmp_path / "sim.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "sim_scheduler.py"), "--cost-model", name, "--loads", ",".join(LOADS),
-         "--seeds", "0", "--config", "shipped:", "--config", "auto:mode=auto", "--out", str(out)],
-        capture_output=True, text=True, timeout=900, cwd=ROOT)
+def test_a_fresh_simulator_pass_reproduces_the_docs_and_backs_the_profile(name, fresh_passes):
+    proc, out = fresh_passes[name]
     assert proc.returncode == 0, proc.stderr[-3000:]
     fresh = json.loads(out.read_text())
     committed = json.loads((ROOT / "docs" / "results" / "scheduler-sim" / f"auto-{name}.json").read_text())

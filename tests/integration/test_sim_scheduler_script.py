@@ -10,17 +10,29 @@ from pathlib import Path
 
 import pytest
 
+from ..helpers.scripts import run_script_runs
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("cost_model", ["cpu-demo", "h100-80gb"])
-def test_sim_scheduler_runs_a_stored_cost_model(tmp_path, cost_model):
-    out = tmp_path / "sim.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "sim_scheduler.py"), "--cost-model", cost_model, "--requests",
-         "60", "--loads", "1.2", "--seeds", "0", "--config", "shipped:", "--config",
-         "previous:measured_costs=false,max_slip=0", "--config", "auto:mode=auto", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
+COST_MODELS = ("cpu-demo", "h100-80gb")
+
+
+@pytest.fixture(scope="module")
+def small_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """``python benchmarks/sim_scheduler.py --cost-model M ...`` per cost model, run in one process (vLLM's scheduler
+    imported once)."""
+    work = tmp_path_factory.mktemp("sim")
+    argvs = [["--cost-model", m, "--requests", "60", "--loads", "1.2", "--seeds", "0", "--config", "shipped:",
+              "--config", "previous:measured_costs=false,max_slip=0", "--config", "auto:mode=auto",
+              "--out", str(work / f"{m}.json")] for m in COST_MODELS]
+    procs = run_script_runs(ROOT / "benchmarks" / "sim_scheduler.py", argvs, work, cwd=ROOT, timeout=600)
+    return {m: (proc, work / f"{m}.json") for m, proc in zip(COST_MODELS, procs)}
+
+
+@pytest.mark.parametrize("cost_model", COST_MODELS)
+def test_sim_scheduler_runs_a_stored_cost_model(small_runs, cost_model):
+    proc, out = small_runs[cost_model]
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["ratios"]) == {"shipped", "previous", "auto"}

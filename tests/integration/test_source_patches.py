@@ -191,6 +191,8 @@ from qwen_vllm_ext import plugin
 state = plugin.register_general()
 health = plugin.health_report()
 print("STATE " + json.dumps({"patches": state["patches"], "disabled": health["disabled_patches"]}))
+from vllm.config.scheduler import SchedulerConfig as C
+print("SCHEDULER " + C.get_scheduler_cls(C(max_model_len=512, is_encoder_decoder=False)).__name__)
 """
 
 
@@ -211,7 +213,7 @@ def test_a_fingerprint_mismatch_disables_the_patch_with_one_log_line(modified_vl
                instance_dir=str(tmp_path / "instance"))
     run = _python(GUARD_SCRIPT, env)
     assert run.returncode == 0, run.stderr[-3000:]
-    state = json.loads(run.stdout.split("STATE ", 1)[1])
+    state = json.loads(run.stdout.split("STATE ", 1)[1].splitlines()[0])
     assert "token_weighted_scheduler" not in state["patches"]
     assert {"usage_accounting", "per_chunk_usage"} <= set(state["patches"])
     message = state["disabled"]["token_weighted_scheduler"]
@@ -221,10 +223,7 @@ def test_a_fingerprint_mismatch_disables_the_patch_with_one_log_line(modified_vl
     lines = [line for line in run.stderr.splitlines() if "qwen-vllm-ext: runtime patch" in line]
     assert len(lines) == 1 and lines[0].startswith("LOG ERROR qwen_vllm_ext: ") and message in lines[0]
     # vLLM itself still picks its own scheduler: the patch was not applied
-    check = _python("from vllm.config.scheduler import SchedulerConfig as C; from qwen_vllm_ext import plugin; "
-                    "plugin.register_general(); "
-                    "print(C.get_scheduler_cls(C(max_model_len=512, is_encoder_decoder=False)).__name__)", env)
-    assert check.stdout.strip().splitlines()[-1] == "Scheduler", check.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "SCHEDULER Scheduler", run.stdout[-2000:]
 
 
 def test_strict_mode_refuses_to_start(modified_vllm, tmp_path):
