@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from qwen_vllm_ext.bench.token_storm import KEEPALIVE_EXPIRY_S
 from qwen_vllm_ext.demo import SERVED_NAME
 from qwen_vllm_ext.usage.ledger import SqliteLedgerStore, open_store
 from qwen_vllm_ext.usage.reconcile import COUNTERS, fetch, parse_counters
@@ -109,8 +110,12 @@ def wait_for_records(store, ids, timeout=30.0) -> dict:
 
 def run_mix(server, store) -> None:
     base = {"model": SERVED_NAME, "temperature": 0}
-    client = httpx.Client(base_url=server.base_url, timeout=120)
-    sdk = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    # idle connections expire before the server closes them (vLLM's keep-alive, 5 s, is httpx's default expiry too: a
+    # thread the busy host started late sent its request on a connection the server was closing, as TokenStorm did)
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
+    client = httpx.Client(base_url=server.base_url, timeout=120, limits=limits)
+    sdk = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0,
+                        http_client=httpx.Client(timeout=120, limits=limits))
     tag = uuid.uuid4().hex[:8]
     before = counters(server)
 
