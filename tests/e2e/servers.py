@@ -25,9 +25,8 @@ STARTUP_TIMEOUT_S = int(os.environ.get("QWEN_VLLM_EXT_TEST_STARTUP_TIMEOUT", "60
 # largest CPU cost of the e2e suite (a demo server: 21.8 CPU-s to start instead of 31.8, measured by
 # benchmarks/investigations/server_start_cost.py; docs/benchmarks.md, "The test suite's time"). The API server and
 # the engine core stay separate processes, as shipped. The servers whose tests cover code that runs in vLLM's worker
-# process (the session's demo server, the hybrid and MTP demos, the source-patched vLLM, data parallel), and the
-# OpenRouter provider (its capacity 429s follow the engine's measured speed), keep the shipped layout, a worker
-# process of their own: shipped_layout=True, or SHIPPED_LAYOUT in a hand-made environment.
+# process (the session's demo server, the hybrid and MTP demos, the source-patched vLLM, data parallel) keep the
+# shipped layout, a worker process of their own: shipped_layout=True, or SHIPPED_LAYOUT in a hand-made environment.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # ... with one OpenMP thread, as vLLM gives its CPU worker process on this two-core machine (one core bound to it,
 # one reserved). In the engine core nothing sets it: vLLM's CPU worker blocks torch.set_num_threads once it has

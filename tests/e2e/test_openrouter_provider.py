@@ -41,8 +41,7 @@ def start_early(tmp_path_factory) -> dict:
     provider = Server(["--model", MODEL, "--qwen-gateway", "true",  # the spike breaker at its defaults
                        "--qwen-openrouter", "true", *flags, "--qwen-sse-keepalive-s", "0.1",
                        "--qwen-max-queue-wait-s", str(MAX_WAIT_S)],
-                      tmp_path_factory.mktemp("logs") / "provider.log", data_dir=tmp_path_factory.mktemp("provider"),
-                      shipped_layout=True)  # its capacity gate times the engine: the layout users run
+                      tmp_path_factory.mktemp("logs") / "provider.log", data_dir=tmp_path_factory.mktemp("provider"))
     return {"refused": refused, "provider": provider}
 
 
