@@ -110,8 +110,8 @@ def wait_for_records(store, ids, timeout=30.0) -> dict:
 
 def run_mix(server, store) -> None:
     base = {"model": SERVED_NAME, "temperature": 0}
-    # idle connections expire before the server closes them (vLLM's keep-alive, 5 s, is httpx's default expiry too: a
-    # thread the busy host started late sent its request on a connection the server was closing, as TokenStorm did)
+    # idle connections expire before the server closes them, as TokenStorm's do (vLLM's keep-alive, 5 s, is httpx's
+    # default expiry too: a thread the busy host started late sent its request on a connection the server was closing)
     limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
     client = httpx.Client(base_url=server.base_url, timeout=120, limits=limits)
     sdk = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0,
