@@ -69,6 +69,9 @@ cdef extern from *:
     #include <stdint.h>
     #include <string.h>
     #include <time.h>
+    #if defined(__SSE2__) && !defined(QV3_NO_SIMD)
+    #include <emmintrin.h>
+    #endif
     /* _load3 of 2..8 bytes at p in one unaligned read, when 8 bytes may be read at p (end: the end of the
        buffer). Same words as _load3 (zero-padded little-endian); little-endian only. Returns 0 when it cannot. */
     static inline int qv3_load_short(const unsigned char* p, Py_ssize_t n, const unsigned char* end,
@@ -107,6 +110,122 @@ cdef extern from *:
         (void) s; (void) n;
         return 0;
     #endif
+    }
+    /* The split scanner's pieces of ASCII text, 64 bytes at a time, with no branch per piece: the bytes'
+       classes as bit masks (bit k: s[k]), then where the Qwen pattern starts a piece, from the masks alone.
+       Text from a piece start splits the same whatever came before it (the pattern has no look-behind), so
+       bit 0 is a start and the byte before it counts as nothing. Classes (checked against the Unicode tables
+       when they load: qv3_ascii_classes_ok): L letters, D digits, W whitespace (\t..\r, space), R CR/LF,
+       SP the space, P everything else, Q the apostrophe. Where a piece starts (the scalar scanner's rules):
+       - every digit (\p{N}: a piece of its own);
+       - a run of letters, unless the byte before it is whitespace other than CR/LF, or a lone P not after a
+         space (both are a piece's first byte, [^\r\n\p{L}\p{N}]?\p{L}+); a lone apostrophe so placed starts a
+         contraction ('s 't 'm 'd 're 've 'll, any case), after which a piece starts;
+       - a run of P, unless after a space (" ?[^\s\p{L}\p{N}]+"); the CR/LFs right after it belong to it;
+       - whitespace not so taken: the start of its run; after its last CR/LF (\s*[\r\n]+); and, when at least
+         two bytes follow that last CR/LF (or the run's start), its last byte (\s+(?!\S)), unless the run
+         ends the text.
+       A start near the window's end may depend on bytes after it: unless the window ends the text
+       (end_text), only starts up to the first byte of the last run (a run of one class, or a digit) are
+       certain. Returns cut, the last certain start (0: not one whole piece is certain), with *b the starts
+       (bit 0 always; when end_text, every piece up to the ASCII length *m is whole and cut = *m). *m: how
+       many ASCII bytes the window holds (at most 64, up to the first non-ASCII byte or avail). */
+    static int qv3_ascii_classes_ok = 0;
+    static inline int qv3_ascii_pieces(const uint8_t* s, Py_ssize_t avail, int end_text, uint64_t* b, int* mm) {
+        uint64_t L = 0, D = 0, W = 0, R = 0, SP = 0, Q = 0, H = 0, V, P;
+        uint8_t buf[64];
+        const uint8_t* t = s;
+        int m, k;
+        if (avail < 64) {
+            memset(buf, 0, 64);
+            memcpy(buf, s, (size_t) avail);
+            t = buf;
+        }
+    #if defined(__SSE2__) && !defined(QV3_NO_SIMD)      /* QV3_NO_SIMD: the portable loop (tested so) */
+        {
+            const __m128i c20 = _mm_set1_epi8(0x20), lb = _mm_set1_epi8(0x1F), ll = _mm_set1_epi8(-102);
+            const __m128i db = _mm_set1_epi8(0x50), dl = _mm_set1_epi8(-118);
+            const __m128i wb = _mm_set1_epi8(0x77), wl = _mm_set1_epi8(-123);
+            const __m128i lf = _mm_set1_epi8(10), cr = _mm_set1_epi8(13), ap = _mm_set1_epi8(0x27);
+            for (k = 0; k < 4; k++) {
+                __m128i v = _mm_loadu_si128((const __m128i*) (t + 16 * k));
+                __m128i sp = _mm_cmpeq_epi8(v, c20);
+                uint64_t sh = 16 * (uint64_t) k;
+                H |= (uint64_t) (uint32_t) _mm_movemask_epi8(v) << sh;
+                L |= (uint64_t) (uint32_t) _mm_movemask_epi8(_mm_cmplt_epi8(_mm_add_epi8(_mm_or_si128(v, c20), lb), ll)) << sh;
+                D |= (uint64_t) (uint32_t) _mm_movemask_epi8(_mm_cmplt_epi8(_mm_add_epi8(v, db), dl)) << sh;
+                W |= (uint64_t) (uint32_t) _mm_movemask_epi8(_mm_or_si128(_mm_cmplt_epi8(_mm_add_epi8(v, wb), wl), sp)) << sh;
+                R |= (uint64_t) (uint32_t) _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, lf), _mm_cmpeq_epi8(v, cr))) << sh;
+                SP |= (uint64_t) (uint32_t) _mm_movemask_epi8(sp) << sh;
+                Q |= (uint64_t) (uint32_t) _mm_movemask_epi8(_mm_cmpeq_epi8(v, ap)) << sh;
+            }
+        }
+    #else
+        for (k = 0; k < 64; k++) {
+            uint8_t c = t[k], lc = c | 0x20;
+            uint64_t bit = 1ULL << k;
+            if (c >= 0x80) H |= bit;
+            if (lc >= 'a' && lc <= 'z') L |= bit;
+            if (c >= '0' && c <= '9') D |= bit;
+            if ((c >= 9 && c <= 13) || c == 32) W |= bit;
+            if (c == 10 || c == 13) R |= bit;
+            if (c == 32) SP |= bit;
+            if (c == 0x27) Q |= bit;
+        }
+    #endif
+        m = (int) (avail < 64 ? avail : 64);
+        if (H) {
+            k = __builtin_ctzll(H);
+            if (k < m) { m = k; end_text = 0; }
+        }
+        *mm = m;
+        if (m == 0) return 0;
+        V = m == 64 ? ~0ULL : (1ULL << m) - 1;
+        L &= V; D &= V; W &= V; R &= V; SP &= V; Q &= V;
+        P = V & ~(L | D | W);
+        {
+            uint64_t P1 = P & ~(P << 1) & ~(P >> 1);          /* a lone P */
+            uint64_t J = P1 & ~(SP << 1);                      /* ... that starts a piece: the prefix of letters */
+            uint64_t Ls = L & ~(L << 1);
+            uint64_t B = 1 | D | (Ls & ~(((W & ~R) | J) << 1)) | (P & ~(P << 1) & ~(SP << 1));
+            uint64_t X = R & (P << 1), Rabs = R & ((R + X) ^ R), Wn = W & ~Rabs;
+            uint64_t F = R & Wn, G = Wn, T, Cq;
+            F |= (F >> 1) & G; G &= G >> 1;
+            F |= (F >> 2) & G; G &= G >> 2;
+            F |= (F >> 4) & G; G &= G >> 4;
+            F |= (F >> 8) & G; G &= G >> 8;
+            F |= (F >> 16) & G; G &= G >> 16;
+            F |= (F >> 32) & G;
+            T = Wn & ~F;                                       /* whitespace after its run's last CR/LF */
+            B |= (Wn & ~(Wn << 1)) | (T & ~(T << 1)) | (T & (T << 1) & ~(W >> 1) & (V >> 1));
+            Cq = Q & J & (L >> 1);                             /* contractions */
+            while (Cq) {
+                int q = __builtin_ctzll(Cq);
+                uint8_t c1 = t[q + 1] | 0x20, c2;
+                Cq &= Cq - 1;
+                if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
+                    if (q + 2 < 64) B |= 1ULL << (q + 2);
+                } else if ((c1 == 'r' || c1 == 'v' || c1 == 'l') && q + 2 < m) {
+                    c2 = t[q + 2] | 0x20;
+                    if (((c1 == 'l') ? (c2 == 'l') : (c2 == 'e')) && q + 3 < 64) B |= 1ULL << (q + 3);
+                }
+            }
+            B &= V;
+            *b = B;
+            if (end_text) return m;
+            {
+                uint64_t last = 1ULL << (m - 1), G2, Z;
+                int r0;
+                if (D & last) r0 = m - 1;
+                else {
+                    G2 = (L & last) ? L : (W & last) ? W : P;
+                    Z = V & ~G2;
+                    r0 = Z ? 64 - __builtin_clzll(Z) : 0;
+                }
+                B &= r0 >= 63 ? ~0ULL : (2ULL << r0) - 1;
+                return 63 - __builtin_clzll(B);
+            }
+        }
     }
     /* A batch's next run of positions [*k1 - its length, *k1) out of n, taken atomically from *next: guided
        runs (what is left / div, at most most, at least 1), so that at the end of a batch no thread still has a
@@ -224,6 +343,9 @@ cdef extern from *:
     int qv3_argmin(const int32_t* rk, int n, int32_t* best) noexcept nogil
     Py_ssize_t qv3_ucs2_run(const uint16_t* u, Py_ssize_t n, uint8_t* o, Py_ssize_t* m, const uint8_t* stop) noexcept nogil
     Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
+    int qv3_ascii_pieces(const uint8_t* s, Py_ssize_t avail, int end_text, uint64_t* b, int* mm) noexcept nogil
+    int qv3_ascii_classes_ok
+    int qv3_ctz "__builtin_ctzll" (uint64_t x) noexcept nogil
     int qv3_load_short(const uint8_t* p, Py_ssize_t n, const uint8_t* end, uint64_t* w) noexcept nogil
     uint32_t qv3_seq_begin(const uint32_t* s) noexcept nogil
     bint qv3_seq_valid(const uint32_t* s, uint32_t v) noexcept nogil
@@ -332,6 +454,29 @@ cdef Py_ssize_t NCOMP = 0
 _tables_ready = False
 
 
+cdef void _check_ascii_classes(const uint8_t* cls):
+    """Turn on the 64-byte ASCII splitter (qv3_ascii_pieces) only if the tables give ASCII the classes it
+    assumes: letters A-Z a-z, digits, whitespace \\t..\\r and space, no marks, the contraction letters."""
+    global qv3_ascii_classes_ok
+    cdef int c, want
+    cdef uint8_t f = F_L | F_N | F_M | F_WS | F_CRLF
+    for c in range(128):
+        want = 0
+        if 65 <= c <= 90 or 97 <= c <= 122:
+            want |= F_L
+        if 48 <= c <= 57:
+            want |= F_N
+        if 9 <= c <= 13 or c == 32:
+            want |= F_WS
+        if c == 10 or c == 13:
+            want |= F_CRLF
+        if (cls[c] & f) != want:
+            return
+        if CI_LETTER[c] != ((c | 0x20) if (want & F_L) and chr(c | 0x20) in "stmdrvel" else 0):
+            return
+    qv3_ascii_classes_ok = 1
+
+
 def init_unicode_tables(dict data):
     """Load the generated tables (``data/unicode_tables.json``) into C arrays; idempotent."""
     global CLS, CCC, DEC_CP, DEC_OFF, DEC_DATA, NDEC, COMP_KEY, COMP_VAL, NCOMP, _tables_ready
@@ -354,6 +499,7 @@ def init_unicode_tables(dict data):
             if c >= 0x180:
                 raise ValueError(f"case-insensitive match U+{c:04X} outside the supported range")
             CI_LETTER[c] = ord(letter)
+    _check_ascii_classes(cls)
     for a, b, v in data["ccc"]:
         for c in range(a, b + 1):
             ccc[c] = v
@@ -737,6 +883,7 @@ cdef class Engine:
     cdef public bint premerge     # start merges from safe characters' own tokens (exact; off = plain bytes)
     cdef public int rule          # 0 = qwen2, 1 = qwen35
     cdef public bint nfc          # NFC-normalize segments (tokenizer.json normalizer NFC vs none)
+    cdef public bint fast_ascii   # split ASCII 64 bytes at a time (qv3_ascii_pieces); off: the byte scanner only
     cdef readonly int32_t unmerged  # from_tiktoken: tokens no merge of two lower ranks makes (never produced)
     cdef bint owns                # False for clones: vocabulary tables belong to `owner`
     cdef object owner
@@ -846,6 +993,7 @@ cdef class Engine:
         self.add_only = -1
         self.rule = 0
         self.nfc = True
+        self.fast_ascii = qv3_ascii_classes_ok
         self.owns = True
         self.owner = None
         memset(self.add_first, 0, 256)
@@ -1648,6 +1796,7 @@ cdef class Engine:
             e.cache = self.cache    # owned by this engine, which the clone keeps alive (e.owner)
         e.rule = self.rule
         e.nfc = self.nfc
+        e.fast_ascii = self.fast_ascii
         if self.added_list is not None:
             e.set_added_tokens(self.added_list)
         return e
@@ -2208,8 +2357,30 @@ cdef class Engine:
         cdef uint8_t LET = (F_L | F_M) if self.rule == 1 else F_L
         cdef uint8_t NOTP = F_WS | F_L | F_N | (F_M if self.rule == 1 else 0)
         cdef uint8_t* cls = CLS
+        cdef uint64_t bm, w8
+        cdef int cut, mm, st, nx
         self.seg_end = s + n
         while i < n:              # each rule finds the end e of the piece at i; one _queue call (inlined)
+            if self.fast_ascii and s[i] < 0x80:      # ASCII ahead: 64 bytes' pieces at once
+                if n - i >= 8:
+                    memcpy(&w8, s + i, 8)
+                else:
+                    w8 = 0
+                if (w8 & 0x8080808080808080ULL) == 0:
+                    cut = qv3_ascii_pieces(s + i, n - i, n - i <= 64, &bm, &mm)
+                    if cut > 0:
+                        bm &= bm - 1                    # bit 0: the piece at i
+                        st = 0
+                        while bm:
+                            nx = qv3_ctz(bm)
+                            if nx >= cut:
+                                break
+                            self._queue(s + i + st, nx - st)
+                            st = nx
+                            bm &= bm - 1
+                        self._queue(s + i + st, cut - st)
+                        i += cut
+                        continue
             c0 = _dec(s, i, &l0)
             f0 = cls[c0]
             e = -1
@@ -2745,6 +2916,7 @@ cdef class Engine:
                         w.nout = 0
                         w.rule = self.rule            # options set on this engine after its helpers were made
                         w.nfc = self.nfc
+                        w.fast_ascii = self.fast_ascii
                         w.premerge = self.premerge
                         if w.added_list != self.added_list:
                             w.set_added_tokens(self.added_list or [])

@@ -252,6 +252,55 @@ def test_ascii_letter_runs_at_every_length_and_boundary(pairs, rule):
     assert_same(pairs[rule], texts)
 
 
+ASCII_EDGE = (list("aAsStTmMdDrReEvVlLqz") + list("0179") + [" "] * 6 + ["\t", "\n", "\r", "\x0b", "\x0c"]
+              + list("'.,!-_(\"#@[`{") + ["\x00", "\x1c", "\x7f"])
+ASCII_WORDS = ["it's", "we'll", "they're", "I'M", "'s", " 's", "''s", "x'Ve", "'LL", "'lL", "'d", "'r", "'v", "'l",
+               "  \n\n ", "\t\t", "...", " ...", "abc", "12", " \n", "\r\n", ".\n\n", " .\n", ". \n", "\n .x",
+               "  x", " \t.", "\t'", " '", "x.y", "x..y", " .y", "   ", "\n", "word"]
+
+
+def _ascii_edge_texts(seed: int, count: int) -> list[str]:
+    """ASCII texts dense in what splits them (contractions, lone and runs of punctuation, whitespace of every
+    kind before letters, digits and punctuation), of lengths around the 64-byte window of the ASCII splitter,
+    some cut by a non-ASCII character."""
+    rng = random.Random(seed)
+    lengths = (1, 2, 3, 8, 31, 62, 63, 64, 65, 66, 127, 128, 129, 200)
+    out = []
+    for k in range(count):
+        n = lengths[k % len(lengths)]
+        if k % 3 == 0:
+            t = ""
+            while len(t) < n:
+                t += rng.choice(ASCII_WORDS + [" ", "a", "7", "'"])
+            t = t[:n]
+        else:
+            t = "".join(rng.choice(ASCII_EDGE) for _ in range(n))
+        if k % 5 == 4:
+            at = rng.randrange(len(t) + 1)
+            t = t[:at] + rng.choice(["\u00e9", "\u4e2d", "\U0001f642", "\u00a0", "\u0301", "\u2028"]) + t[at:]
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled", "qwen36"])
+def test_ascii_window_against_the_reference(pairs, rule):
+    """ASCII text is split 64 bytes at a time from bit masks (qv3_ascii_pieces): every rule of the pattern at
+    and around the window's edges, against the reference."""
+    assert pairs[rule][1]._engine.fast_ascii
+    assert_same(pairs[rule], _ascii_edge_texts(46, 3000))
+
+
+def test_ascii_window_splits_like_the_byte_scanner(pairs):
+    """The same texts, many more of them, through one engine with the ASCII window and a clone without it."""
+    fast = pairs["qwen36"][1]._engine
+    slow = fast.clone()
+    slow.fast_ascii = False
+    assert fast.fast_ascii and fast.clone().fast_ascii
+    for text in _ascii_edge_texts(51, 40000):
+        ids = slow.encode(text)
+        assert fast.encode(text) == ids and fast.count(text) == len(ids), repr(text)
+
+
 @pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled", "qwen36"])
 def test_long_single_pretokens(pairs, rule):
     n = 200_000
