@@ -27,6 +27,7 @@ cdef extern from "Python.h":          # on borrowed references: no reference cou
 cdef extern from *:
     """
     #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #define QV3_UNLIKELY(x) __builtin_expect(!!(x), 0)
     /* UCS-2 code units u[0:n] to UTF-8 at o + *m up to the first that is not NFC-safe or is a surrogate (stop: a
        bit per BMP code point); returns how many it converted and advances *m. The common case of _text's loop
        in a few instructions per character, with no table larger than 8 KiB. */
@@ -227,6 +228,25 @@ cdef extern from *:
             }
         }
     }
+    /* A position in s[i:n] where 16 ASCII bytes in a row start (n if it finds none), 16 bytes per step, each
+       step independent of the last (what a step reads does not decide where the next reads): in text that is
+       mostly not ASCII the scanner tries the ASCII window again only there. A run of 31 ASCII bytes or more
+       is always found; a shorter one may be passed over (the byte scanner then takes its pieces). */
+    static inline Py_ssize_t qv3_ascii_ahead(const uint8_t* s, Py_ssize_t i, Py_ssize_t n) {
+        for (; i + 16 <= n; i += 16) {
+    #if defined(__SSE2__) && !defined(QV3_NO_SIMD)
+            if (_mm_movemask_epi8(_mm_loadu_si128((const __m128i*) (s + i))) == 0)
+                return i;
+    #else
+            uint64_t a, b;
+            memcpy(&a, s + i, 8);
+            memcpy(&b, s + i + 8, 8);
+            if (((a | b) & 0x8080808080808080ULL) == 0)
+                return i;
+    #endif
+        }
+        return n;
+    }
     /* A batch's next run of positions [*k1 - its length, *k1) out of n, taken atomically from *next: guided
        runs (what is left / div, at most most, at least 1), so that at the end of a batch no thread still has a
        long run to do while the others wait. Returns the run's start, n when none is left. */
@@ -334,6 +354,7 @@ cdef extern from *:
     }
     """
     void QV3_PREFETCH(const void* p) noexcept nogil
+    bint QV3_UNLIKELY(bint x) noexcept nogil
     Py_ssize_t qv3_claim(Py_ssize_t* next, Py_ssize_t n, Py_ssize_t most, Py_ssize_t div, Py_ssize_t* k1) noexcept nogil
     bint qv3_enter(int64_t* entered) noexcept nogil
     void qv3_exit(int64_t* exited) noexcept nogil
@@ -345,6 +366,7 @@ cdef extern from *:
     Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
     int qv3_ascii_pieces(const uint8_t* s, Py_ssize_t avail, int end_text, uint64_t* b, int* mm) noexcept nogil
     int qv3_ascii_classes_ok
+    Py_ssize_t qv3_ascii_ahead(const uint8_t* s, Py_ssize_t i, Py_ssize_t n) noexcept nogil
     int qv3_ctz "__builtin_ctzll" (uint64_t x) noexcept nogil
     int qv3_load_short(const uint8_t* p, Py_ssize_t n, const uint8_t* end, uint64_t* w) noexcept nogil
     uint32_t qv3_seq_begin(const uint32_t* s) noexcept nogil
@@ -2357,30 +2379,14 @@ cdef class Engine:
         cdef uint8_t LET = (F_L | F_M) if self.rule == 1 else F_L
         cdef uint8_t NOTP = F_WS | F_L | F_N | (F_M if self.rule == 1 else 0)
         cdef uint8_t* cls = CLS
-        cdef uint64_t bm, w8
-        cdef int cut, mm, st, nx
+        cdef Py_ssize_t ascii_at = 0 if self.fast_ascii else n
         self.seg_end = s + n
         while i < n:              # each rule finds the end e of the piece at i; one _queue call (inlined)
-            if self.fast_ascii and s[i] < 0x80:      # ASCII ahead: 64 bytes' pieces at once
-                if n - i >= 8:
-                    memcpy(&w8, s + i, 8)
-                else:
-                    w8 = 0
-                if (w8 & 0x8080808080808080ULL) == 0:
-                    cut = qv3_ascii_pieces(s + i, n - i, n - i <= 64, &bm, &mm)
-                    if cut > 0:
-                        bm &= bm - 1                    # bit 0: the piece at i
-                        st = 0
-                        while bm:
-                            nx = qv3_ctz(bm)
-                            if nx >= cut:
-                                break
-                            self._queue(s + i + st, nx - st)
-                            st = nx
-                            bm &= bm - 1
-                        self._queue(s + i + st, cut - st)
-                        i += cut
-                        continue
+            if QV3_UNLIKELY(i >= ascii_at):     # ASCII ahead: up to 64 bytes' pieces at once (out of the loop's way)
+                e = self._window(s, i, n, &ascii_at)
+                if e > i:
+                    i = e
+                    continue
             c0 = _dec(s, i, &l0)
             f0 = cls[c0]
             e = -1
@@ -2468,6 +2474,38 @@ cdef class Engine:
             self._queue(s + i, e - i)
             i = e
         return self._flush()
+
+    cdef Py_ssize_t _window(self, const uint8_t* s, Py_ssize_t i, Py_ssize_t n, Py_ssize_t* ascii_at) \
+            except -1 nogil:
+        """_scan at a piece start i in s[0:n]: with 16 ASCII bytes ahead (or only ASCII to the end), the whole
+        pieces of the next 64 bytes (qv3_ascii_pieces) go to the queue, and the position after them is
+        returned. Else i, and the byte scanner takes the piece: *ascii_at then says where 16 ASCII bytes in a
+        row come next (a window over a few ASCII bytes between others costs more than it saves), and _scan
+        does not call again before there."""
+        cdef uint64_t bm, w8, w16
+        cdef int cut, mm, st, nx
+        if n - i >= 16:
+            memcpy(&w8, s + i, 8)
+            memcpy(&w16, s + i + 8, 8)
+            if ((w8 | w16) & 0x8080808080808080ULL) != 0:
+                ascii_at[0] = qv3_ascii_ahead(s, i, n)
+                return i
+        cut = qv3_ascii_pieces(s + i, n - i, n - i <= 64, &bm, &mm)
+        if cut == 0:
+            if n - i < 16:
+                ascii_at[0] = n     # the text's last bytes: the byte scanner takes the rest
+            return i
+        bm &= bm - 1                    # bit 0: the piece at i
+        st = 0
+        while bm:
+            nx = qv3_ctz(bm)
+            if nx >= cut:
+                break
+            self._queue(s + i + st, nx - st)
+            st = nx
+            bm &= bm - 1
+        self._queue(s + i + st, cut - st)
+        return i + cut
 
     # ------------------------------------------------------------ NFC
     cdef int _nbuf_reserve(self, Py_ssize_t need) except -1 nogil:

@@ -262,7 +262,7 @@ ASCII_WORDS = ["it's", "we'll", "they're", "I'M", "'s", " 's", "''s", "x'Ve", "'
 def _ascii_edge_texts(seed: int, count: int) -> list[str]:
     """ASCII texts dense in what splits them (contractions, lone and runs of punctuation, whitespace of every
     kind before letters, digits and punctuation), of lengths around the 64-byte window of the ASCII splitter,
-    some cut by a non-ASCII character."""
+    some cut by a non-ASCII character, some ASCII stretches of 1 to 39 bytes between non-ASCII words."""
     rng = random.Random(seed)
     lengths = (1, 2, 3, 8, 31, 62, 63, 64, 65, 66, 127, 128, 129, 200)
     out = []
@@ -275,7 +275,10 @@ def _ascii_edge_texts(seed: int, count: int) -> list[str]:
             t = t[:n]
         else:
             t = "".join(rng.choice(ASCII_EDGE) for _ in range(n))
-        if k % 5 == 4:
+        if k % 7 == 6:      # ASCII stretches of every length between non-ASCII words: where the window starts again
+            t = "".join(rng.choice(["\u0441\u043b\u043e\u0432\u043e", " \u4e2d\u6587", "\u00e9t\u00e9", "\U0001f642"])
+                        + t[:rng.randrange(1, 40)] for _ in range(4))
+        elif k % 5 == 4:
             at = rng.randrange(len(t) + 1)
             t = t[:at] + rng.choice(["\u00e9", "\u4e2d", "\U0001f642", "\u00a0", "\u0301", "\u2028"]) + t[at:]
         out.append(t)
