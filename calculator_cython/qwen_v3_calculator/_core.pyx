@@ -70,7 +70,7 @@ cdef extern from *:
     #include <stdint.h>
     #include <string.h>
     #include <time.h>
-    #if defined(__SSE2__) && !defined(QV3_NO_SIMD)
+    #if defined(__SSE2__)
     #include <emmintrin.h>
     #endif
     /* _load3 of 2..8 bytes at p in one unaligned read, when 8 bytes may be read at p (end: the end of the
@@ -132,6 +132,7 @@ cdef extern from *:
        (bit 0 always; when end_text, every piece up to the ASCII length *m is whole and cut = *m). *m: how
        many ASCII bytes the window holds (at most 64, up to the first non-ASCII byte or avail). */
     static int qv3_ascii_classes_ok = 0;
+    static int qv3_portable = 0;    /* 1: the portable loops, as on a CPU without SSE2 (tests run both) */
     static inline int qv3_ascii_pieces(const uint8_t* s, Py_ssize_t avail, int end_text, uint64_t* b, int* mm) {
         uint64_t L = 0, D = 0, W = 0, R = 0, SP = 0, Q = 0, H = 0, V, P;
         uint8_t buf[64];
@@ -142,7 +143,8 @@ cdef extern from *:
             memcpy(buf, s, (size_t) avail);
             t = buf;
         }
-    #if defined(__SSE2__) && !defined(QV3_NO_SIMD)      /* QV3_NO_SIMD: the portable loop (tested so) */
+    #if defined(__SSE2__)
+        if (!qv3_portable)
         {
             const __m128i c20 = _mm_set1_epi8(0x20), lb = _mm_set1_epi8(0x1F), ll = _mm_set1_epi8(-102);
             const __m128i db = _mm_set1_epi8(0x50), dl = _mm_set1_epi8(-118);
@@ -161,7 +163,8 @@ cdef extern from *:
                 Q |= (uint64_t) (uint32_t) _mm_movemask_epi8(_mm_cmpeq_epi8(v, ap)) << sh;
             }
         }
-    #else
+        else
+    #endif
         for (k = 0; k < 64; k++) {
             uint8_t c = t[k], lc = c | 0x20;
             uint64_t bit = 1ULL << k;
@@ -173,7 +176,6 @@ cdef extern from *:
             if (c == 32) SP |= bit;
             if (c == 0x27) Q |= bit;
         }
-    #endif
         m = (int) (avail < 64 ? avail : 64);
         if (H) {
             k = __builtin_ctzll(H);
@@ -234,16 +236,18 @@ cdef extern from *:
        is always found; a shorter one may be passed over (the byte scanner then takes its pieces). */
     static inline Py_ssize_t qv3_ascii_ahead(const uint8_t* s, Py_ssize_t i, Py_ssize_t n) {
         for (; i + 16 <= n; i += 16) {
-    #if defined(__SSE2__) && !defined(QV3_NO_SIMD)
-            if (_mm_movemask_epi8(_mm_loadu_si128((const __m128i*) (s + i))) == 0)
-                return i;
-    #else
             uint64_t a, b;
+    #if defined(__SSE2__)
+            if (!qv3_portable) {
+                if (_mm_movemask_epi8(_mm_loadu_si128((const __m128i*) (s + i))) == 0)
+                    return i;
+                continue;
+            }
+    #endif
             memcpy(&a, s + i, 8);
             memcpy(&b, s + i + 8, 8);
             if (((a | b) & 0x8080808080808080ULL) == 0)
                 return i;
-    #endif
         }
         return n;
     }
@@ -366,6 +370,7 @@ cdef extern from *:
     Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
     int qv3_ascii_pieces(const uint8_t* s, Py_ssize_t avail, int end_text, uint64_t* b, int* mm) noexcept nogil
     int qv3_ascii_classes_ok
+    int qv3_portable
     Py_ssize_t qv3_ascii_ahead(const uint8_t* s, Py_ssize_t i, Py_ssize_t n) noexcept nogil
     int qv3_ctz "__builtin_ctzll" (uint64_t x) noexcept nogil
     int qv3_load_short(const uint8_t* p, Py_ssize_t n, const uint8_t* end, uint64_t* w) noexcept nogil
@@ -3112,6 +3117,14 @@ cdef class _Batch:
     def __dealloc__(self):
         free(self.c.texts); free(self.c.res); free(self.c.bad); free(self.c.start)
         free(self.c.order)
+
+
+def _portable_ascii(bint on):
+    """Tests: the ASCII window's portable loops (a CPU without SSE2) instead of SSE2; returns the old value."""
+    global qv3_portable
+    cdef bint old = qv3_portable
+    qv3_portable = on
+    return old
 
 
 def _surrogate_error(str text, Py_ssize_t pos, Py_ssize_t index):

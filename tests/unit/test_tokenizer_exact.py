@@ -293,15 +293,23 @@ def test_ascii_window_against_the_reference(pairs, rule):
     assert_same(pairs[rule], _ascii_edge_texts(46, 3000))
 
 
-def test_ascii_window_splits_like_the_byte_scanner(pairs):
-    """The same texts, many more of them, through one engine with the ASCII window and a clone without it."""
+@pytest.mark.parametrize("portable", [False, True])
+def test_ascii_window_splits_like_the_byte_scanner(pairs, portable):
+    """The same texts, many more of them, through one engine with the ASCII window and a clone without it; also
+    with the window's portable loops (what a CPU without SSE2 runs)."""
+    from qwen_v3_calculator import _core
+
     fast = pairs["qwen36"][1]._engine
     slow = fast.clone()
     slow.fast_ascii = False
     assert fast.fast_ascii and fast.clone().fast_ascii
-    for text in _ascii_edge_texts(51, 40000):
-        ids = slow.encode(text)
-        assert fast.encode(text) == ids and fast.count(text) == len(ids), repr(text)
+    old = _core._portable_ascii(portable)
+    try:
+        for text in _ascii_edge_texts(51 + portable, 30000):
+            ids = slow.encode(text)
+            assert fast.encode(text) == ids and fast.count(text) == len(ids), repr(text)
+    finally:
+        _core._portable_ascii(old)
 
 
 @pytest.mark.parametrize("rule", ["qwen2", "qwen35", "bundled", "qwen36"])
