@@ -27,6 +27,11 @@ cdef extern from "Python.h":          # on borrowed references: no reference cou
 cdef extern from *:
     """
     #define QV3_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    #define QV3_LITTLE 1
+    #else
+    #define QV3_LITTLE 0
+    #endif
     #define QV3_UNLIKELY(x) __builtin_expect(!!(x), 0)
     /* UCS-2 code units u[0:n] to UTF-8 at o + *m up to the first that is not NFC-safe or is a surrogate (stop: a
        bit per BMP code point); returns how many it converted and advances *m. The common case of _text's loop
@@ -358,6 +363,7 @@ cdef extern from *:
     }
     """
     void QV3_PREFETCH(const void* p) noexcept nogil
+    bint QV3_LITTLE
     bint QV3_UNLIKELY(bint x) noexcept nogil
     Py_ssize_t qv3_claim(Py_ssize_t* next, Py_ssize_t n, Py_ssize_t most, Py_ssize_t div, Py_ssize_t* k1) noexcept nogil
     bint qv3_enter(int64_t* entered) noexcept nogil
@@ -1040,7 +1046,7 @@ cdef class Engine:
         if ntok >= VT_ID:
             raise ValueError(f"vocabulary too large ({ntok} tokens; at most {VT_ID - 1})")
         self.ntok = ntok
-        self.arena = <uint8_t*> malloc(max(nbytes, 1))
+        self.arena = <uint8_t*> calloc(nbytes + 8, 1)   # + 8: _vlookup_h reads a short token as one word
         self.tok_off = <int64_t*> malloc((ntok + 1) * sizeof(int64_t))
         self.tok_len = <int32_t*> calloc(ntok + 1, sizeof(int32_t))
         self.selfok = <uint8_t*> calloc(ntok + 1, 1)
@@ -1079,14 +1085,22 @@ cdef class Engine:
         cdef uint64_t slot = h & self.vmask
         cdef uint32_t e, tag = (<uint32_t> (h >> 52)) << 20
         cdef int32_t t
+        cdef uint64_t w[3]
+        cdef uint64_t a
         while True:
             e = self.vtab[slot]
             if e == 0xFFFFFFFFu:
                 return -1
             if (e & ~(<uint32_t> VT_ID)) == tag:
                 t = <int32_t> (e & VT_ID)
-                if self.tok_len[t] == n and memcmp(self.arena + self.tok_off[t], p, n) == 0:
-                    return t
+                if self.tok_len[t] == n:
+                    if n <= 8 and QV3_LITTLE:   # one word each (the arena has 8 bytes to spare), no memcmp call
+                        _load3(p, n, w)
+                        memcpy(&a, self.arena + self.tok_off[t], 8)
+                        if (a & (~(<uint64_t> 0) >> (64 - 8 * n))) == w[0]:
+                            return t
+                    elif memcmp(self.arena + self.tok_off[t], p, n) == 0:
+                        return t
             slot = (slot + 1) & self.vmask
 
     cdef int _vinsert_all(self) except -1:
