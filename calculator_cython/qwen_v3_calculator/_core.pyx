@@ -916,7 +916,6 @@ cdef class Engine:
     cdef public bint premerge     # start merges from safe characters' own tokens (exact; off = plain bytes)
     cdef public int rule          # 0 = qwen2, 1 = qwen35
     cdef public bint nfc          # NFC-normalize segments (tokenizer.json normalizer NFC vs none)
-    cdef public bint fast_ascii   # split ASCII 64 bytes at a time (qv3_ascii_pieces); off: the byte scanner only
     cdef readonly int32_t unmerged  # from_tiktoken: tokens no merge of two lower ranks makes (never produced)
     cdef bint owns                # False for clones: vocabulary tables belong to `owner`
     cdef object owner
@@ -966,6 +965,8 @@ cdef class Engine:
     cdef int32_t* hsym            # scratch of the heap merge loop (4 * hcap int32 + 3 * hcap uint64)
     cdef uint64_t* hheap
     cdef Py_ssize_t hcap
+    cdef public bint fast_ascii   # split ASCII 64 bytes at a time (qv3_ascii_pieces); off: the byte scanner only
+                                  # (last: the fields the byte scanner reads per piece keep their places)
     cdef char pad_tail[64]
 
     # ------------------------------------------------------------ lifetime
