@@ -379,6 +379,7 @@ cdef extern from *:
     int qv3_portable
     Py_ssize_t qv3_ascii_ahead(const uint8_t* s, Py_ssize_t i, Py_ssize_t n) noexcept nogil
     int qv3_ctz "__builtin_ctzll" (uint64_t x) noexcept nogil
+    int qv3_popcount "__builtin_popcountll" (uint64_t x) noexcept nogil
     int qv3_load_short(const uint8_t* p, Py_ssize_t n, const uint8_t* end, uint64_t* w) noexcept nogil
     uint32_t qv3_seq_begin(const uint32_t* s) noexcept nogil
     bint qv3_seq_valid(const uint32_t* s, uint32_t v) noexcept nogil
@@ -2502,7 +2503,7 @@ cdef class Engine:
         returned. Else i, and the byte scanner takes the piece: *ascii_at then says where 16 ASCII bytes in a
         row come next (a window over a few ASCII bytes between others costs more than it saves), and _scan
         does not call again before there."""
-        cdef uint64_t bm, w8, w16
+        cdef uint64_t bm, w8, w16, one, rest
         cdef int cut, mm, st, nx
         if n - i >= 16:
             memcpy(&w8, s + i, 8)
@@ -2515,12 +2516,22 @@ cdef class Engine:
             if n - i < 16:
                 ascii_at[0] = n     # the text's last bytes: the byte scanner takes the rest
             return i
+        if cut < 64:
+            bm &= (<uint64_t> 1 << cut) - 1
+        if self.counting:               # pieces of one byte are one token each: counted at once, not queued
+            one = bm & ((bm >> 1) | (<uint64_t> 1 << (cut - 1)))
+            self.counted += qv3_popcount(one)
+            rest = bm & ~one
+            while rest:
+                st = qv3_ctz(rest)
+                rest &= rest - 1
+                nx = st + 1 + qv3_ctz((bm >> st >> 1) | (<uint64_t> 1 << (cut - st - 1)))
+                self._queue(s + i + st, nx - st)
+            return i + cut
         bm &= bm - 1                    # bit 0: the piece at i
         st = 0
         while bm:
             nx = qv3_ctz(bm)
-            if nx >= cut:
-                break
             self._queue(s + i + st, nx - st)
             st = nx
             bm &= bm - 1
