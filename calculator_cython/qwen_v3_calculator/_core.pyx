@@ -462,7 +462,7 @@ DEF LC_ARENA = 1 << 21 # ... over a 2 MiB ring of the pieces' bytes and ids; bot
 DEF LC_MAX = 4096      # longest piece the long-piece cache keeps (bytes)
 DEF LC_LEN = 0xFFFF     # LongEnt.n: the piece's length (<= LC_MAX) ...
 DEF LC_COUNT_ONLY = 0x10000  # ... and this bit: the record holds the count alone (count(), not encode())
-DEF PIPE = 16          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
+DEF PIPE = 32          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
 DEF SBASE = 0xAC00
 DEF LBASE = 0x1100
 DEF VBASE = 0x1161
