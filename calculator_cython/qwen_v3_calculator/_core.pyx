@@ -450,7 +450,7 @@ DEF PBLOOM_BITS = 21   # filter over the merge table's pairs, two bits per pair 
 DEF PCACHE_BITS = 12   # per-engine direct-mapped cache of merge-table lookups (32 KiB, hits and misses)
 DEF VT_ID = 0xFFFFF    # vocabulary table entry: token id (low 20 bits) | 12-bit hash tag; all ones = empty
 DEF SHORT_BPE = 32     # pieces of up to this many initial symbols use the array merge loop, longer ones a heap
-DEF CACHE_BITS = 16    # piece cache: 2**16 sets of 2 ways, 64-byte entries (8 MiB, zero pages touched lazily)
+DEF CACHE_BITS = 17    # piece cache: 2**17 sets of 2 ways, 64-byte entries (16 MiB, zero pages touched lazily)
 DEF CACHE_KEY = 24     # pieces of 2..24 bytes are cached (key = three zero-padded little-endian words)
 DEF CACHE_IDS = 8      # a CacheEnt is 64 bytes: 24 key + 32 ids + seq, klen, nids
 DEF MIN_PARALLEL = 65536  # code points: smaller batches run in the calling thread (handing work to a thread

@@ -91,10 +91,10 @@ def test_missing_compiled_core_says_how_to_build():
 
 
 def test_the_piece_cache_costs_memory_only_as_pieces_arrive():
-    """The 8 MiB piece cache is an anonymous mapping: loading the bundled tokenizer (a template engine plus the
+    """The 16 MiB piece cache is an anonymous mapping: loading the bundled tokenizer (a template engine plus the
     tokenizer's clone, one cache each) adds few of its pages to the resident set, and counting a text adds the
-    pages its pieces land on. Loading (import included) measured about 20 MB here; with both caches written at
-    allocation it would be 16 MB more."""
+    pages its pieces land on. Loading (import included, and the pages the first text's pieces land on) measured
+    21-23 MB here; with both caches written at allocation it would be 32 MB more."""
     code = (
         "import os\n"
         "page = os.sysconf('SC_PAGE_SIZE')\n"
