@@ -134,11 +134,11 @@ cdef extern from *:
        A start near the window's end may depend on bytes after it: unless the window ends the text
        (end_text), only starts up to the first byte of the last run (a run of one class, or a digit) are
        certain. Returns cut, the last certain start (0: not one whole piece is certain), with *b the starts
-       (bit 0 always; when end_text, every piece up to the ASCII length *m is whole and cut = *m). *m: how
-       many ASCII bytes the window holds (at most 64, up to the first non-ASCII byte or avail). */
+       (bit 0 always). The window holds the ASCII bytes up to 64, the first non-ASCII byte or avail (then not
+       the text's end); when end_text, every piece in it is whole and cut is its length. */
     static int qv3_ascii_classes_ok = 0;
     static int qv3_portable = 0;    /* 1: the portable loops, as on a CPU without SSE2 (tests run both) */
-    static inline int qv3_ascii_pieces(const uint8_t* s, Py_ssize_t avail, int end_text, uint64_t* b, int* mm) {
+    static inline int qv3_ascii_pieces(const uint8_t* s, Py_ssize_t avail, int end_text, uint64_t* b) {
         uint64_t L = 0, D = 0, W = 0, R = 0, SP = 0, Q = 0, H = 0, V, P;
         uint8_t buf[64];
         const uint8_t* t = s;
@@ -186,7 +186,6 @@ cdef extern from *:
             k = __builtin_ctzll(H);
             if (k < m) { m = k; end_text = 0; }
         }
-        *mm = m;
         if (m == 0) return 0;
         V = m == 64 ? ~0ULL : (1ULL << m) - 1;
         L &= V; D &= V; W &= V; R &= V; SP &= V; Q &= V;
@@ -374,7 +373,7 @@ cdef extern from *:
     int qv3_argmin(const int32_t* rk, int n, int32_t* best) noexcept nogil
     Py_ssize_t qv3_ucs2_run(const uint16_t* u, Py_ssize_t n, uint8_t* o, Py_ssize_t* m, const uint8_t* stop) noexcept nogil
     Py_ssize_t qv3_ascii_letters(const uint8_t* s, Py_ssize_t n) noexcept nogil
-    int qv3_ascii_pieces(const uint8_t* s, Py_ssize_t avail, int end_text, uint64_t* b, int* mm) noexcept nogil
+    int qv3_ascii_pieces(const uint8_t* s, Py_ssize_t avail, int end_text, uint64_t* b) noexcept nogil
     int qv3_ascii_classes_ok
     int qv3_portable
     Py_ssize_t qv3_ascii_ahead(const uint8_t* s, Py_ssize_t i, Py_ssize_t n) noexcept nogil
@@ -2503,15 +2502,15 @@ cdef class Engine:
         returned. Else i, and the byte scanner takes the piece: *ascii_at then says where 16 ASCII bytes in a
         row come next (a window over a few ASCII bytes between others costs more than it saves), and _scan
         does not call again before there."""
-        cdef uint64_t bm, w8, w16, one, rest
-        cdef int cut, mm, st, nx
+        cdef uint64_t bm, one, rest
+        cdef Py_ssize_t k
+        cdef int cut, st, nx
         if n - i >= 16:
-            memcpy(&w8, s + i, 8)
-            memcpy(&w16, s + i + 8, 8)
-            if ((w8 | w16) & 0x8080808080808080ULL) != 0:
-                ascii_at[0] = qv3_ascii_ahead(s, i, n)
+            k = qv3_ascii_ahead(s, i, n)
+            if k != i:
+                ascii_at[0] = k
                 return i
-        cut = qv3_ascii_pieces(s + i, n - i, n - i <= 64, &bm, &mm)
+        cut = qv3_ascii_pieces(s + i, n - i, n - i <= 64, &bm)
         if cut == 0:
             if n - i < 16:
                 ascii_at[0] = n     # the text's last bytes: the byte scanner takes the rest
