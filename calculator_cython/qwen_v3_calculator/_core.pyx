@@ -446,6 +446,7 @@ DEF PAIR_RANK_BITS = 24
 DEF NO_RANK = 0xFFFFFF # PAIR_RANK_BITS ones: an empty slot's rank, and "no merge" out of _prank
 DEF PBLOOM_BITS = 21   # filter over the merge table's pairs, two bits per pair in one word (256 KiB): most pairs BPE asks about in
                        # Chinese text (neighbouring characters) have no merge, and are answered here
+DEF JMEMO_BITS = 11    # per-engine direct-mapped memo of _cut's answers for a pair of characters (16 KiB)
 DEF PCACHE_BITS = 12   # per-engine direct-mapped cache of merge-table lookups (32 KiB, hits and misses)
 DEF VT_ID = 0xFFFFF    # vocabulary table entry: token id (low 20 bits) | 12-bit hash tag; all ones = empty
 DEF SHORT_BPE = 32     # pieces of up to this many initial symbols use the array merge loop, longer ones a heap
@@ -461,6 +462,7 @@ DEF LC_ARENA = 1 << 21 # ... over a 2 MiB ring of the pieces' bytes and ids; bot
 DEF LC_MAX = 4096      # longest piece the long-piece cache keeps (bytes)
 DEF LC_LEN = 0xFFFF     # LongEnt.n: the piece's length (<= LC_MAX) ...
 DEF LC_COUNT_ONLY = 0x10000  # ... and this bit: the record holds the count alone (count(), not encode())
+DEF LPIPE = 16         # parts of a long piece between _long's junction walk and the cache/BPE stage
 DEF PIPE = 32          # pieces between the split scanner and the cache/BPE stage (their cache sets are prefetched)
 DEF SBASE = 0xAC00
 DEF LBASE = 0x1100
@@ -716,6 +718,13 @@ ctypedef struct LongEnt:  # a cached piece of more than CACHE_KEY bytes: its rec
     uint32_t n            # bytes, LC_COUNT_ONLY set when no ids follow (a count() record)
     uint32_t nids         # ids, stored after the bytes (4-byte aligned)
 
+ctypedef struct LongParts:  # the parts of a long piece between its cuts, waiting for their cache sets (_lp_add)
+    const uint8_t* p[LPIPE]
+    int32_t len[LPIPE]
+    uint64_t h[LPIPE]
+    uint64_t w[3 * LPIPE]
+    int n
+
 ctypedef struct RiskHdr:
     int32_t off           # into risk_ent: nl left entries, then nr right entries
     uint8_t nl
@@ -902,6 +911,7 @@ cdef class Engine:
     cdef uint64_t* pbloom         # _bloom_mask set in word _bloom_word for every merge (of _hpair(key))
     cdef int32_t nrank
     cdef uint64_t* pcache         # this engine's recent _prank answers, ptab's format (NO_RANK: no merge)
+    cdef uint64_t* jmemo          # this engine's recent _cut answers that hang on x|y alone (in pcache's block)
     cdef int32_t byte_id[256]
     cdef int32_t maxtok           # longest token (bytes)
     cdef CacheEnt* cache          # 2 MiB aligned inside the mapping cache_raw (cache_len bytes; qv3_lazy_*)
@@ -1070,10 +1080,11 @@ cdef class Engine:
                                                     &self.cache_len)
             if self.cache == NULL:
                 raise MemoryError()
-        self.pcache = <uint64_t*> malloc((1 << PCACHE_BITS) * sizeof(uint64_t))
+        self.pcache = <uint64_t*> malloc(((1 << PCACHE_BITS) + (1 << JMEMO_BITS)) * sizeof(uint64_t))
         if self.pcache == NULL:
             raise MemoryError()
-        memset(self.pcache, 0xFF, (1 << PCACHE_BITS) * sizeof(uint64_t))
+        memset(self.pcache, 0xFF, ((1 << PCACHE_BITS) + (1 << JMEMO_BITS)) * sizeof(uint64_t))
+        self.jmemo = self.pcache + (1 << PCACHE_BITS)
         return 0
 
     cdef inline int32_t _vlookup(self, const uint8_t* p, Py_ssize_t n) noexcept nogil:
@@ -1184,9 +1195,10 @@ cdef class Engine:
         cdef uint64_t slot, e
         cdef uint32_t r
         if (pc[0] >> PAIR_RANK_BITS) != key:
-            e = UINT64_MAX                           # no merge, unless the filter and then the table say so
-            if self._bloom_has(hh):
-                slot = hh & self.pmask
+            slot = hh & self.pmask
+            QV3_PREFETCH(&self.ptab[slot])          # with the filter's read, not after it (on text not seen
+            e = UINT64_MAX                           # lately both miss the caches); no merge, unless the filter
+            if self._bloom_has(hh):                  # and then the table say so
                 while True:
                     e = self.ptab[slot]
                     if (e >> PAIR_RANK_BITS) == key or e == UINT64_MAX:
@@ -1318,15 +1330,27 @@ cdef class Engine:
                           uint32_t z) noexcept nogil:
         """May a piece be cut between x and y (y's first byte at p; w before x and z after y when the piece has
         them): no token spans that point (_build_junctions)."""
+        cdef uint64_t key, e
+        cdef uint64_t* slot
         if x < 0x80 and y < 0x80:
             return False
-        if (self.jopen[x] & 1) or (self.jopen[y] & 2) or (self.jbyte[(<Py_ssize_t> p[-1] << 5) | (p[0] >> 3)] >>
-                                                          (p[0] & 7)) & 1:
-            return False
-        if not self._jhas(1, x, y, 0, 0):
-            return True
-        if self._jhas(2, x, y, 0, 0):
-            return False
+        key = ((<uint64_t> x) << 21) | y
+        slot = &self.jmemo[(key * 0x9E3779B97F4A7C15ULL) >> (64 - JMEMO_BITS)]
+        e = slot[0]
+        if (e >> 2) != key:         # the answer for x|y alone: 0 no cut, 1 cut, 2 the neighbours decide
+            if (self.jopen[x] & 1) or (self.jopen[y] & 2) or (self.jbyte[(<Py_ssize_t> p[-1] << 5) | (p[0] >> 3)]
+                                                              >> (p[0] & 7)) & 1:
+                e = 0
+            elif not self._jhas(1, x, y, 0, 0):
+                e = 1
+            elif self._jhas(2, x, y, 0, 0):
+                e = 0
+            else:
+                e = 2
+            slot[0] = (key << 2) | e
+        e &= 3
+        if e != 2:
+            return e == 1
         if hasz and self._jhas(3, x, y, z, 0):
             return False
         if hasw and (self._jhas(4, w, x, y, 0) or (hasz and self._jhas(5, w, x, y, z))):
@@ -2148,6 +2172,10 @@ cdef class Engine:
             QV3_PREFETCH(ce)
             QV3_PREFETCH(ce + 1)
             QV3_PREFETCH(&self.vtab[h & self.vmask])
+        elif n <= LC_MAX and n > CACHE_KEY:     # the long-piece cache's entry (its miss was most of a new long
+            h = _hbytes(p, n)                   # piece's lookup)
+            if self.lc != NULL:
+                QV3_PREFETCH(&self.lc[h & ((1 << LC_BITS) - 1)])
         self.pq_p[self.npq] = p
         self.pq_n[self.npq] = <int32_t> n
         self.pq_h[self.npq] = h
@@ -2212,7 +2240,7 @@ cdef class Engine:
                 self._cache_put(st, v, w, n, &t, 1)
                 return self._emit1(t)
         else:
-            return self._long(p, n)
+            return self._long(p, n, h)
         if n > SHORT_BPE:
             self._ensure_scratch(n)
         self._ensure_out(n)     # counting: scratch space at the end of the (unused) output buffer
@@ -2228,22 +2256,23 @@ cdef class Engine:
             self.nout += m
         return 0
 
-    cdef int _long(self, const uint8_t* p, Py_ssize_t n) except -1 nogil:
+    cdef int _long(self, const uint8_t* p, Py_ssize_t n, uint64_t h) except -1 nogil:
         """A piece of more than CACHE_KEY bytes: the long-piece cache first (keyed by all its bytes: a piece seen
         before costs one lookup, not a walk over its junctions), else cut where no token spans
         (_build_junctions), each part through the piece cache or, when still long, the long-piece cache and
-        BPE; the whole piece's result is then cached."""
+        BPE; the whole piece's result is then cached. h: _hbytes(p, n) when n <= LC_MAX (0: not known)."""
         cdef Py_ssize_t i, iz, xs = 0, a = 0, st = self.nout
         cdef int64_t c_st = self.counted
         cdef int lx, ly, lz = 0
         cdef uint32_t c0 = 0, x, y, z = 0
         cdef bint hasz
-        cdef uint64_t w[3]
-        cdef uint64_t h = 0
+        cdef LongParts q
+        q.n = 0
         if self.jbloom == NULL:
-            return self._long_part(p, n)
+            return self._long_part(p, n, h)
         if n <= LC_MAX:
-            h = _hbytes(p, n)
+            if h == 0:
+                h = _hbytes(p, n)
             if self._lc_hit(p, n, h):
                 return 0
         x = _dec(p, 0, &lx)         # n > CACHE_KEY bytes: at least two characters
@@ -2256,7 +2285,7 @@ cdef class Engine:
                 z = _dec(p, iz, &lz)
             if self._cut(p + i, xs > 0, c0, x, y, hasz, z):
                 self.splits += 1
-                self._part(p + a, i - a, w)
+                self._lp_add(&q, p + a, i - a)
                 a = i
             if not hasz:
                 break
@@ -2268,7 +2297,8 @@ cdef class Engine:
             ly = lz
         if a == 0:                  # no cut: BPE of the whole piece, cached under the same key
             return self._long_bpe(p, n, h, n <= LC_MAX)
-        self._part(p + a, n - a, w)
+        self._lp_add(&q, p + a, n - a)
+        self._lp_flush(&q)
         if n <= LC_MAX:             # counting: the count alone (a record encode() does not take)
             if self.counting:
                 self._lc_put(p, n, h, NULL, <Py_ssize_t> (self.counted - c_st))
@@ -2276,19 +2306,44 @@ cdef class Engine:
                 self._lc_put(p, n, h, self.out + st, self.nout - st)
         return 0
 
-    cdef inline int _part(self, const uint8_t* p, Py_ssize_t n, uint64_t* w) except -1 nogil:
-        if n == 1:
-            return self._emit1(self.byte_id[p[0]])
-        if n <= CACHE_KEY:
-            _load3(p, n, w)
-            return self._piece(p, n, _hwords(w, n), w)
-        return self._long_part(p, n)
-
-    cdef int _long_part(self, const uint8_t* p, Py_ssize_t n) except -1 nogil:
-        """A long piece no junction cuts: the long-piece cache (keyed by all its bytes), else BPE."""
+    cdef inline int _lp_add(self, LongParts* q, const uint8_t* p, Py_ssize_t n) except -1 nogil:
+        """Queue a part of a long piece for _lp_flush, prefetching its piece-cache set (as _queue does for the
+        scanner's pieces: the parts' probes overlap, where one after another each waited for its cache miss)."""
         cdef uint64_t h = 0
+        cdef int k = q.n
+        cdef const CacheEnt* ce
+        if 2 <= n <= CACHE_KEY:
+            _load3(p, n, &q.w[3 * k])
+            h = _hwords(&q.w[3 * k], n)
+            ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
+            QV3_PREFETCH(ce)
+            QV3_PREFETCH(ce + 1)
+            QV3_PREFETCH(&self.vtab[h & self.vmask])
+        q.p[k] = p
+        q.len[k] = <int32_t> n
+        q.h[k] = h
+        q.n = k + 1
+        if q.n == LPIPE:
+            return self._lp_flush(q)
+        return 0
+
+    cdef int _lp_flush(self, LongParts* q) except -1 nogil:
+        cdef int k, n = q.n
+        q.n = 0
+        for k in range(n):
+            if q.len[k] == 1:
+                self._emit1(self.byte_id[q.p[k][0]])
+            elif q.len[k] <= CACHE_KEY:
+                self._piece(q.p[k], q.len[k], q.h[k], &q.w[3 * k])
+            else:
+                self._long_part(q.p[k], q.len[k], 0)
+        return 0
+
+    cdef int _long_part(self, const uint8_t* p, Py_ssize_t n, uint64_t h) except -1 nogil:
+        """A long piece no junction cuts: the long-piece cache (keyed by all its bytes), else BPE. h: as _long's."""
         if n <= LC_MAX:
-            h = _hbytes(p, n)
+            if h == 0:
+                h = _hbytes(p, n)
             if self._lc_hit(p, n, h):
                 return 0
         return self._long_bpe(p, n, h, n <= LC_MAX)
