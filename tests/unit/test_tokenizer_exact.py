@@ -617,6 +617,28 @@ def test_long_pieces_cut_where_no_token_spans(pairs, script_tokens, rule):
     assert engine.long_hits > hits
 
 
+@pytest.mark.parametrize("rule", ["qwen2", "qwen36"])
+def test_junction_memo_remembers_only_what_no_neighbour_changes(pairs, script_tokens, rule):
+    """_cut keeps, per engine, its answer for a pair of characters x|y when nothing around them can change it (no
+    token spans x|y, or "xy" is a token); where a token spans x|y only with a neighbour w or z beside them, every
+    junction asks again. For tokens of 3+ characters of Thai, kana and CJK: each junction inside the token, first
+    among random neighbours (where the engine may cut), then inside the token itself (where it must not), in one
+    engine one after the other. An answer remembered from the first text would cut the second: HF's ids on both."""
+    ref, ours = pairs[rule]
+    rnd = random.Random(11)
+    texts = []
+    for (lo, hi), toks in list(zip(LONG_RUN_SCRIPTS, script_tokens[len(ref.get_vocab())]))[:3]:
+        def filler():
+            return "".join(chr(rnd.randint(lo, hi)) for _ in range(rnd.randint(6, 12)))
+        long_toks = [t for t in toks if len(t) >= 3]
+        for tok in rnd.sample(long_toks, min(150, len(long_toks))):
+            k = rnd.randint(1, len(tok) - 1)
+            texts.append(filler() + tok[k - 1:k + 1] + filler())
+            texts.append(filler() + tok + filler())
+    assert len(texts) > 600
+    assert_same(pairs[rule], texts)
+
+
 def test_long_piece_repeat_is_one_lookup_and_encode_never_takes_a_count(pairs, script_tokens):
     """A long piece the junctions cut is cached whole after its first pass: its repeat is one long-piece cache
     lookup, with no walk over its junctions (Engine.splits unchanged). count() caches the count alone, which
