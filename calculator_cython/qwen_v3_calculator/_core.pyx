@@ -2328,6 +2328,8 @@ cdef class Engine:
         return 0
 
     cdef int _lp_flush(self, LongParts* q) except -1 nogil:
+        """Emit the queued parts in order: one byte as its token, a cacheable part through the piece cache, a
+        longer one through the long-piece cache (or BPE)."""
         cdef int k, n = q.n
         q.n = 0
         for k in range(n):
