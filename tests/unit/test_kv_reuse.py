@@ -419,9 +419,7 @@ def test_conversation_columns_round_trip_in_both_stores(backend, tmp_path, reque
 
     if backend == "redis":
         server = request.getfixturevalue("redis_server")
-        import redis
-
-        redis.Redis.from_url(server.url).flushall()
+        server.flush()
         location = server.url
     else:
         location = str(tmp_path / "ledger.sqlite3")

@@ -44,8 +44,7 @@ def target(request, tmp_path):
     if request.param == "sqlite":
         return Target("sqlite", str(tmp_path / "ledger.sqlite3"))
     server = request.getfixturevalue("redis_server")
-    import redis
-    redis.Redis.from_url(server.url).flushall()
+    server.flush()
     return Target("redis", server.url)
 
 

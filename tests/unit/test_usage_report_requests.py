@@ -87,10 +87,9 @@ def where(request, tmp_path) -> list[str]:
     """The CLI flags naming a fresh, empty ledger of each backend."""
     if request.param == "sqlite":
         return ["--db", str(tmp_path / "ledger.sqlite3")]
-    url = request.getfixturevalue("redis_server").url
-    import redis
-    redis.Redis.from_url(url).flushall()
-    return ["--redis-url", url]
+    server = request.getfixturevalue("redis_server")
+    server.flush()
+    return ["--redis-url", server.url]
 
 
 def open_where(where: list[str]):
