@@ -2152,6 +2152,14 @@ cdef class Engine:
             self.nout += 1
         return 0
 
+    cdef inline void _prefetch_piece(self, uint64_t h) noexcept nogil:
+        """Start the reads _piece and _miss make for a piece of cache hash h: its piece-cache set (two lines)
+        and its vocabulary slot."""
+        cdef const CacheEnt* ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
+        QV3_PREFETCH(ce)
+        QV3_PREFETCH(ce + 1)
+        QV3_PREFETCH(&self.vtab[h & self.vmask])
+
     cdef inline int _queue(self, const uint8_t* p, Py_ssize_t n) except -1 nogil:
         """Hand a piece of the segment being scanned to the cache/BPE stage. Pieces wait in a short queue
         whose cache sets are prefetched as they enter it: the scanner's work on the next pieces overlaps the
@@ -2159,7 +2167,6 @@ cdef class Engine:
         order is the pieces' order: the queue is flushed before the scanner returns."""
         cdef uint64_t* w
         cdef uint64_t h = 0
-        cdef const CacheEnt* ce
         if n == 1 and self.counting:   # one byte, one token: nothing to look up, and order does not matter
             self.counted += 1
             return 0
@@ -2168,11 +2175,8 @@ cdef class Engine:
             if not qv3_load_short(p, n, self.seg_end, w):
                 _load3(p, n, w)
             h = _hwords(w, n)
-            ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
-            QV3_PREFETCH(ce)
-            QV3_PREFETCH(ce + 1)
-            QV3_PREFETCH(&self.vtab[h & self.vmask])
-        elif n <= LC_MAX and n > CACHE_KEY:     # the long-piece cache's entry (its miss was most of a new long
+            self._prefetch_piece(h)
+        elif CACHE_KEY < n <= LC_MAX:           # the long-piece cache's entry (its miss was most of a new long
             h = _hbytes(p, n)                   # piece's lookup)
             if self.lc != NULL:
                 QV3_PREFETCH(&self.lc[h & ((1 << LC_BITS) - 1)])
@@ -2311,14 +2315,10 @@ cdef class Engine:
         scanner's pieces: the parts' probes overlap, where one after another each waited for its cache miss)."""
         cdef uint64_t h = 0
         cdef int k = q.n
-        cdef const CacheEnt* ce
         if 2 <= n <= CACHE_KEY:
             _load3(p, n, &q.w[3 * k])
             h = _hwords(&q.w[3 * k], n)
-            ce = &self.cache[(h & ((1 << CACHE_BITS) - 1)) << 1]
-            QV3_PREFETCH(ce)
-            QV3_PREFETCH(ce + 1)
-            QV3_PREFETCH(&self.vtab[h & self.vmask])
+            self._prefetch_piece(h)
         q.p[k] = p
         q.len[k] = <int32_t> n
         q.h[k] = h
